@@ -1,0 +1,20 @@
+//! Generates the Rust types of `proto/podstream/v1/podstream.proto` with a
+//! pure-Rust protobuf parser, so building needs no `protoc` on the machine.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/podstream/v1/podstream.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["proto"])?;
+    let serde = "#[derive(serde::Serialize, serde::Deserialize)]";
+    prost_build::Config::new()
+        // TaskKey and PodRef appear as-is in `podstream decide` output (contract §1).
+        .type_attribute(".podstream.v1.TaskKey", serde)
+        .type_attribute(".podstream.v1.PodRef", serde)
+        .type_attribute(".podstream.v1.ContainerTerminated", serde)
+        .field_attribute(
+            ".podstream.v1.TaskKey.logical_date",
+            "#[serde(default, skip_serializing_if = \"String::is_empty\")]",
+        )
+        .compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! podstream's bus schema and the names that go with it.
+//!
+//! - [`v1`]: the protobuf types generated from `proto/podstream/v1/podstream.proto`
+//!   (`PodEvent`, `Command`, `TaskKey`, `PodRef`).
+//! - [`subject`]: subject names on JetStream and the token encoding that makes
+//!   any Kubernetes label value exactly one subject token.
+//! - [`line`]: the JSON line form of a command, `podstream decide`'s output
+//!   (contract.md §1).
+//! - [`task`]: conveniences on the TI key and pod reference.
+
+pub mod line;
+pub mod subject;
+pub mod task;
+
+/// Types generated from `podstream.v1`.
+#[allow(missing_docs, clippy::all)]
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/podstream.v1.rs"));
+}
+
+pub use v1::{Command, PodEvent, PodRef, TaskKey};

@@ -1,0 +1,280 @@
+//! Subject names on the bus (contract.md §2) and the encoding of Kubernetes
+//! values into subject tokens.
+//!
+//! A NATS subject token may not be empty and may not contain `.`, `*`, `>` or
+//! white space. Kubernetes label values and uids are usually safe, but the
+//! encoding must hold for any string, so that one scheduler id is always
+//! exactly one token and decodes back to itself:
+//!
+//! - `A`–`Z`, `a`–`z`, `0`–`9`, `-` and `_` stand for themselves;
+//! - every other byte of the UTF-8 value is `~` followed by two upper-case
+//!   hex digits (`.` → `~2E`, `~` → `~7E`, `é` → `~C3~A9`);
+//! - the empty string is the single token `~`.
+//!
+//! So `42` stays `42`, a uid stays itself, and `team.a` becomes `team~2Ea`.
+
+use thiserror::Error;
+
+/// The default first token of every podstream subject.
+pub const DEFAULT_PREFIX: &str = "podstream";
+
+/// A token that is not the encoding of any string.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TokenError {
+    /// `~` not followed by two hex digits.
+    #[error("bad escape at byte {at} of token {token:?}")]
+    BadEscape {
+        /// The token as received.
+        token: String,
+        /// Byte offset of the `~`.
+        at: usize,
+    },
+    /// A byte outside the encoding's alphabet.
+    #[error("byte {byte:#04x} at {at} of token {token:?} is never produced by the encoding")]
+    BadByte {
+        /// The token as received.
+        token: String,
+        /// Byte offset of the byte.
+        at: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// Escapes that do not form UTF-8.
+    #[error("token {token:?} decodes to bytes that are not UTF-8")]
+    NotUtf8 {
+        /// The token as received.
+        token: String,
+    },
+    /// A subject prefix that is not a sequence of valid tokens.
+    #[error("subject prefix {prefix:?} is not valid: use tokens of letters, digits, '-' and '_' separated by '.'")]
+    BadPrefix {
+        /// The prefix as configured.
+        prefix: String,
+    },
+}
+
+fn is_plain(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'
+}
+
+/// Encodes any string as exactly one valid subject token.
+pub fn encode_token(value: &str) -> String {
+    if value.is_empty() {
+        return "~".to_owned();
+    }
+    if value.bytes().all(is_plain) {
+        return value.to_owned();
+    }
+    let mut token = String::with_capacity(value.len() * 3);
+    for byte in value.bytes() {
+        if is_plain(byte) {
+            token.push(char::from(byte));
+        } else {
+            token.push('~');
+            token.push_str(&format!("{byte:02X}"));
+        }
+    }
+    token
+}
+
+/// Decodes a token made by [`encode_token`].
+pub fn decode_token(token: &str) -> Result<String, TokenError> {
+    if token == "~" {
+        return Ok(String::new());
+    }
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if byte == b'~' {
+            let hex = bytes
+                .get(at + 1..at + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .filter(|h| h.bytes().all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b)))
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| TokenError::BadEscape { token: token.to_owned(), at })?;
+            out.push(hex);
+            at += 3;
+        } else if is_plain(byte) {
+            out.push(byte);
+            at += 1;
+        } else {
+            return Err(TokenError::BadByte { token: token.to_owned(), at, byte });
+        }
+    }
+    String::from_utf8(out).map_err(|_| TokenError::NotUtf8 { token: token.to_owned() })
+}
+
+/// The pipeline stage that dead-lettered a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A pod the ingest could not project.
+    Ingest,
+    /// A pod event the processor could not decode or decide.
+    Processor,
+    /// A command the sink could not apply.
+    Sink,
+}
+
+impl Stage {
+    /// The stage's subject token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Stage::Ingest => "ingest",
+            Stage::Processor => "processor",
+            Stage::Sink => "sink",
+        }
+    }
+}
+
+/// Builds podstream's subject names under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Subjects { prefix: DEFAULT_PREFIX.to_owned() }
+    }
+}
+
+impl Subjects {
+    /// Subjects under `prefix`, which must be `.`-separated plain tokens.
+    pub fn new(prefix: &str) -> Result<Self, TokenError> {
+        let valid = !prefix.is_empty() && prefix.split('.').all(|t| !t.is_empty() && t.bytes().all(is_plain));
+        if !valid {
+            return Err(TokenError::BadPrefix { prefix: prefix.to_owned() });
+        }
+        Ok(Subjects { prefix: prefix.to_owned() })
+    }
+
+    /// The prefix these subjects live under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `<prefix>.pods.<owner>.<uid>`: one pod's events while `owner` owns it.
+    pub fn pod_events(&self, owner: &str, uid: &str) -> String {
+        format!("{}.pods.{}.{}", self.prefix, encode_token(owner), encode_token(uid))
+    }
+
+    /// `<prefix>.commands.<owner>.<uid>`: commands decided from one pod's events.
+    pub fn commands(&self, owner: &str, uid: &str) -> String {
+        format!("{}.commands.{}.{}", self.prefix, encode_token(owner), encode_token(uid))
+    }
+
+    /// `<prefix>.pods.<owner>.*`, or `<prefix>.pods.>` for every owner.
+    pub fn pod_events_filter(&self, owner: Option<&str>) -> String {
+        match owner {
+            Some(owner) => format!("{}.pods.{}.*", self.prefix, encode_token(owner)),
+            None => format!("{}.pods.>", self.prefix),
+        }
+    }
+
+    /// `<prefix>.commands.<owner>.*`, or `<prefix>.commands.>` for every owner.
+    pub fn commands_filter(&self, owner: Option<&str>) -> String {
+        match owner {
+            Some(owner) => format!("{}.commands.{}.*", self.prefix, encode_token(owner)),
+            None => format!("{}.commands.>", self.prefix),
+        }
+    }
+
+    /// `<prefix>.dead.<stage>`: what a stage could not handle, with its reason.
+    pub fn dead_letters(&self, stage: Stage) -> String {
+        format!("{}.dead.{}", self.prefix, stage.token())
+    }
+
+    /// Splits a pod-event or command subject into (owner, uid), decoded.
+    pub fn parse(&self, subject: &str) -> Option<(String, String)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix('.')?;
+        let mut tokens = rest.split('.');
+        let kind = tokens.next()?;
+        let (owner, uid) = (tokens.next()?, tokens.next()?);
+        if !(kind == "pods" || kind == "commands") || tokens.next().is_some() {
+            return None;
+        }
+        Some((decode_token(owner).ok()?, decode_token(uid).ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What nats-server accepts as one token of a published subject.
+    fn is_one_valid_token(token: &str) -> bool {
+        !token.is_empty()
+            && token.bytes().all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
+    }
+
+    #[test]
+    fn encoding_table() {
+        let long = "a".repeat(63);
+        let cases: &[(&str, &str)] = &[
+            ("42", "42"),
+            ("b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10", "b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10"),
+            ("team.a", "team~2Ea"),
+            ("*", "~2A"),
+            (">", "~3E"),
+            ("a b", "a~20b"),
+            ("~", "~7E"),
+            ("é", "~C3~A9"),
+            ("", "~"),
+            (&long, &long),
+        ];
+        for (value, token) in cases {
+            assert_eq!(encode_token(value), *token, "encoding {value:?}");
+            assert_eq!(decode_token(token).as_deref(), Ok(*value), "decoding {token:?}");
+        }
+    }
+
+    #[test]
+    fn decoding_rejects_what_encoding_never_makes() {
+        assert!(matches!(decode_token("a.b"), Err(TokenError::BadByte { .. })));
+        assert!(matches!(decode_token("~2"), Err(TokenError::BadEscape { .. })));
+        assert!(matches!(decode_token("~2e"), Err(TokenError::BadEscape { .. })));
+        assert!(matches!(decode_token("~FF"), Err(TokenError::NotUtf8 { .. })));
+    }
+
+    #[test]
+    fn subjects_put_owner_and_uid_in_one_token_each() {
+        let s = Subjects::default();
+        assert_eq!(s.pod_events("1", "u-1"), "podstream.pods.1.u-1");
+        assert_eq!(s.commands("a.b", "u-1"), "podstream.commands.a~2Eb.u-1");
+        assert_eq!(s.pod_events_filter(Some("7")), "podstream.pods.7.*");
+        assert_eq!(s.pod_events_filter(None), "podstream.pods.>");
+        assert_eq!(s.commands_filter(None), "podstream.commands.>");
+        assert_eq!(s.dead_letters(Stage::Sink), "podstream.dead.sink");
+        assert_eq!(s.parse("podstream.pods.a~2Eb.u-1"), Some(("a.b".into(), "u-1".into())));
+        assert_eq!(s.parse("podstream.dead.sink"), None);
+        assert_eq!(s.parse("other.pods.1.u"), None);
+    }
+
+    #[test]
+    fn prefix_must_be_plain_tokens() {
+        assert!(Subjects::new("acme.podstream").is_ok());
+        for bad in ["", "a..b", "a.*", "a b", "a.>"] {
+            assert!(Subjects::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_string_is_one_token_and_round_trips(value in any::<String>()) {
+            let token = encode_token(&value);
+            prop_assert!(is_one_valid_token(&token), "{token:?}");
+            prop_assert_eq!(decode_token(&token), Ok(value));
+        }
+
+        #[test]
+        fn subjects_always_have_four_tokens(owner in any::<String>(), uid in any::<String>()) {
+            let s = Subjects::default();
+            let subject = s.pod_events(&owner, &uid);
+            prop_assert_eq!(subject.split('.').count(), 4);
+            prop_assert_eq!(s.parse(&subject), Some((owner, uid)));
+        }
+    }
+}

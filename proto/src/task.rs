@@ -1,0 +1,91 @@
+//! The task instance key and the pod reference: display, identity and the
+//! command idempotency id.
+
+use std::fmt;
+
+use crate::v1::{PodRef, TaskKey, command};
+
+impl TaskKey {
+    /// Whether the key names its DAG run; pods older than run ids carry only
+    /// a logical date, which the sink resolves.
+    pub fn is_complete(&self) -> bool {
+        !self.run_id.is_empty()
+    }
+}
+
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let run = if self.is_complete() { &self.run_id } else { &self.logical_date };
+        write!(f, "{}/{}/{}", self.dag_id, self.task_id, run)?;
+        if self.map_index >= 0 {
+            write!(f, "[{}]", self.map_index)?;
+        }
+        write!(f, "#{}", self.try_number)
+    }
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl command::Kind {
+    /// The kind's name as `podstream decide` writes it (contract.md §1).
+    pub fn name(&self) -> &'static str {
+        match self {
+            command::Kind::Fail(_) => "fail",
+            command::Kind::Completed(_) => "completed",
+            command::Kind::Running(_) => "running",
+            command::Kind::Lost(_) => "lost",
+            command::Kind::Transfer(_) => "transfer",
+            command::Kind::Duplicate(_) => "duplicate",
+        }
+    }
+}
+
+/// The idempotency id of the command of `kind` decided from one pod event.
+///
+/// One event yields at most one command of each kind, so pod uid,
+/// resourceVersion and kind name identify it; deciding the same event again
+/// (a replay, a second processor) gives the same id, which makes it usable as
+/// `Nats-Msg-Id` and as the sink's applied-position key.
+pub fn command_id(pod_uid: &str, resource_version: &str, kind: &str) -> String {
+    format!("{pod_uid}:{resource_version}:{kind}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(run_id: &str, map_index: i64) -> TaskKey {
+        TaskKey {
+            dag_id: "etl".into(),
+            task_id: "load".into(),
+            run_id: run_id.into(),
+            map_index,
+            try_number: 2,
+            logical_date: if run_id.is_empty() { "2024-01-01T00:00:00+00:00".into() } else { String::new() },
+        }
+    }
+
+    #[test]
+    fn display_names_run_map_index_and_try() {
+        assert_eq!(key("manual__1", -1).to_string(), "etl/load/manual__1#2");
+        assert_eq!(key("manual__1", 3).to_string(), "etl/load/manual__1[3]#2");
+        assert_eq!(key("", -1).to_string(), "etl/load/2024-01-01T00:00:00+00:00#2");
+    }
+
+    #[test]
+    fn completeness_follows_run_id() {
+        assert!(key("r", -1).is_complete());
+        assert!(!key("", -1).is_complete());
+    }
+
+    #[test]
+    fn command_id_is_deterministic_and_kind_specific() {
+        assert_eq!(command_id("u1", "42", "fail"), command_id("u1", "42", "fail"));
+        assert_ne!(command_id("u1", "42", "fail"), command_id("u1", "42", "transfer"));
+        assert_ne!(command_id("u1", "42", "fail"), command_id("u1", "43", "fail"));
+    }
+}

@@ -1,0 +1,1 @@
+//! What every test needs: fixture paths and the built binary (later: nats-server, PostgreSQL and simulator launchers).
