@@ -10,6 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // TaskKey and PodRef appear as-is in `podstream decide` output (contract §1).
         .type_attribute(".podstream.v1.TaskKey", serde)
         .type_attribute(".podstream.v1.PodRef", serde)
+        // Sortable, for deterministic output of the processor's state.
+        .type_attribute(".podstream.v1.TaskKey", "#[derive(PartialOrd, Ord)]")
+        .type_attribute(".podstream.v1.PodRef", "#[derive(PartialOrd, Ord)]")
         .type_attribute(".podstream.v1.ContainerTerminated", serde)
         .field_attribute(
             ".podstream.v1.TaskKey.logical_date",

@@ -1,1 +1,43 @@
-fn main(){}
+//! `podstream`: one binary for every component of the pipeline.
+
+mod decide;
+mod json_stream;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Airflow worker-pod events as a stream: ingest, decide, apply.
+#[derive(Debug, Parser)]
+#[command(name = "podstream", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the processor's rules to Kubernetes JSON and print one JSON line
+    /// per command (contract.md §1).
+    Decide(decide::DecideArgs),
+}
+
+fn main() -> ExitCode {
+    // Logs go to standard error; standard output is for results.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(EnvFilter::try_from_env("PODSTREAM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
+        .init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Decide(args) => decide::run(args).map(|_| ()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("podstream: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

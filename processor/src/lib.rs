@@ -1,1 +1,20 @@
-//! placeholder
+//! The rules of semantics.md as a pure core, and the shell that feeds it.
+//!
+//! - [`rules`]: the phase and deletion table: one event → an [`Outcome`].
+//! - [`order`]: the resourceVersion order rule.
+//! - [`duplicates`]: which pod drives a TI when several map to it.
+//! - [`decide`](mod@decide): all of the above for one event and the prior state.
+//! - [`state`]: the per-pod and per-TI state and the [`StateStore`] trait.
+//! - [`processor`]: [`Processor`], load → decide → store.
+
+pub mod decide;
+pub mod duplicates;
+pub mod order;
+pub mod processor;
+pub mod rules;
+pub mod state;
+
+pub use decide::{Applied, Decision, EventError, decide};
+pub use processor::{HandleError, Processor};
+pub use rules::{Ignored, Outcome, Rules};
+pub use state::{MemoryStore, Prior, StateStore};

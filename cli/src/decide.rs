@@ -1,0 +1,123 @@
+//! `podstream decide [FILE]`: the processor's rules as a filter
+//! (contract.md §1). Kubernetes JSON in, one JSON line per command out.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use podstream_ingest::project;
+use podstream_ingest::watch_json::{WatchItem, read_value};
+use podstream_proto::line::CommandLine;
+use podstream_processor::{MemoryStore, Processor, Rules};
+use tracing::{debug, info, warn};
+
+use crate::json_stream::{Frame, JsonFrames};
+
+/// Arguments of `podstream decide`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Example, against a live cluster:\n  \
+    kubectl get pods -l airflow-worker -A -w --output-watch-events -o json | podstream decide")]
+pub struct DecideArgs {
+    /// Kubernetes JSON to read: watch events, Pods or PodLists, one per line
+    /// or pretty-printed. Standard input when absent or `-`.
+    pub file: Option<PathBuf>,
+
+    /// Container waiting reasons that fail a pending pod, comma-separated;
+    /// each is trimmed.
+    #[arg(
+        long,
+        env = "PODSTREAM_FATAL_REASONS",
+        default_value = "CreateContainerConfigError,ErrImagePull,CreateContainerError,ImageInspectError,InvalidImageName"
+    )]
+    pub fatal_reasons: String,
+}
+
+/// Counts of one `decide` run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Pod events read.
+    pub events: u64,
+    /// Command lines written.
+    pub commands: u64,
+    /// `invalid` lines written.
+    pub invalid: u64,
+}
+
+/// Runs `decide` on the arguments' input, writing to standard output.
+pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
+    let input: Box<dyn Read> = match args.file.as_deref() {
+        None => Box::new(io::stdin()),
+        Some(path) if path.as_os_str() == "-" => Box::new(io::stdin()),
+        Some(path) => Box::new(File::open(path).with_context(|| format!("cannot open {}", path.display()))?),
+    };
+    let stdout = io::stdout();
+    let summary = decide_stream(BufReader::new(input), &mut stdout.lock(), Rules::from_comma_list(&args.fatal_reasons))?;
+    info!(events = summary.events, commands = summary.commands, invalid = summary.invalid, "decide finished");
+    Ok(summary)
+}
+
+/// Decides every pod event of `input` in order, writing JSON lines to `out`.
+/// Fails only when the input cannot be read or the output written.
+pub fn decide_stream<R: Read>(input: BufReader<R>, out: &mut impl Write, rules: Rules) -> anyhow::Result<Summary> {
+    let mut processor = Processor::new(rules, MemoryStore::default());
+    let mut summary = Summary::default();
+    let mut out = io::BufWriter::new(out);
+    let mut frames = JsonFrames::new(input);
+    while let Some(frame) = frames.next() {
+        let value = match frame.context("cannot read input")? {
+            Frame::Value(value) => value,
+            Frame::Invalid(error) => {
+                warn!(%error, "skipping input that is not JSON");
+                write_line(&mut out, &CommandLine::invalid(error, None), &mut summary.invalid)?;
+                continue;
+            }
+        };
+        for item in read_value(value) {
+            match item {
+                WatchItem::Pod { event_type, pod } => {
+                    summary.events += 1;
+                    let event = match project(event_type, &pod) {
+                        Ok(event) => event,
+                        Err(err) => {
+                            let pod = podstream_ingest::projection::pod_ref(&pod);
+                            warn!(pod = %pod, uid = %pod.uid, error = %err, "pod cannot be projected");
+                            write_line(&mut out, &CommandLine::invalid(err.to_string(), Some(pod)), &mut summary.invalid)?;
+                            continue;
+                        }
+                    };
+                    // The in-memory store cannot fail; an event error is an invalid line.
+                    match processor.handle(&event) {
+                        Ok(commands) => {
+                            for command in &commands {
+                                write_line(&mut out, &CommandLine::from(command), &mut summary.commands)?;
+                            }
+                        }
+                        Err(err) => {
+                            write_line(&mut out, &CommandLine::invalid(err.to_string(), event.pod), &mut summary.invalid)?
+                        }
+                    }
+                }
+                WatchItem::Bookmark { resource_version } => debug!(%resource_version, "bookmark"),
+                WatchItem::WatchError { message } => warn!(%message, "watch reported an error"),
+                WatchItem::Invalid { error, pod } => {
+                    warn!(%error, "skipping a value that is not a pod");
+                    write_line(&mut out, &CommandLine::invalid(error, pod), &mut summary.invalid)?;
+                }
+            }
+        }
+        // Live input (a kubectl watch): show results before blocking on more.
+        if frames.reader().buffer().is_empty() {
+            out.flush().context("cannot write output")?;
+        }
+    }
+    out.flush().context("cannot write output")?;
+    Ok(summary)
+}
+
+fn write_line(out: &mut impl Write, line: &CommandLine, counter: &mut u64) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, line).context("cannot write output")?;
+    out.write_all(b"\n").context("cannot write output")?;
+    *counter += 1;
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! Splits a byte stream into JSON values: one per line, or pretty-printed and
+//! concatenated, as `kubectl ... -o json` prints them.
+//!
+//! A linear scan tracks nesting depth outside strings; a value is complete
+//! when the depth returns to zero at the end of a line. A broken value does not
+//! stop the stream: it becomes one [`Frame::Invalid`], and reading resumes at
+//! the next line (for a value left open, at the next line that starts a
+//! top-level value in column 0, as pretty-printed JSON does).
+
+use std::io::{self, BufRead};
+
+use serde_json::Value;
+
+/// One item of the stream.
+#[derive(Debug)]
+pub enum Frame {
+    /// A JSON value.
+    Value(Value),
+    /// Bytes that are not a JSON value, with what was wrong.
+    Invalid(String),
+}
+
+/// Iterator of [`Frame`]s over a reader.
+pub struct JsonFrames<R> {
+    reader: R,
+    line: Vec<u8>,
+    line_no: usize,
+    value: Vec<u8>,
+    value_start: usize,
+    depth: i64,
+    ready: std::collections::VecDeque<Frame>,
+    done: bool,
+}
+
+impl<R: BufRead> JsonFrames<R> {
+    /// Frames over `reader`.
+    pub fn new(reader: R) -> Self {
+        JsonFrames {
+            reader,
+            line: Vec::new(),
+            line_no: 0,
+            value: Vec::new(),
+            value_start: 0,
+            depth: 0,
+            ready: Default::default(),
+            done: false,
+        }
+    }
+
+    /// The reader, to see whether more input is buffered.
+    pub fn reader(&self) -> &R {
+        &self.reader
+    }
+
+    fn push_line(&mut self) {
+        let starts_value = matches!(self.line.first(), Some(b'{' | b'['));
+        if !self.value.is_empty() && starts_value {
+            // Still inside a value while a new top-level one starts: the
+            // previous one was cut short.
+            let start = self.value_start;
+            self.ready.push_back(Frame::Invalid(format!("incomplete JSON value starting at line {start}")));
+            self.reset();
+        }
+        if self.value.is_empty() {
+            if self.line.iter().all(u8::is_ascii_whitespace) {
+                return;
+            }
+            self.value_start = self.line_no;
+        }
+        let mut in_string = false;
+        let mut escaped = false;
+        for &byte in &self.line {
+            if in_string {
+                match byte {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => self.depth -= 1,
+                _ => {}
+            }
+        }
+        self.value.extend_from_slice(&self.line);
+        if in_string {
+            // JSON strings never span lines.
+            let start = self.value_start;
+            self.ready.push_back(Frame::Invalid(format!("unterminated string in the JSON value starting at line {start}")));
+            self.reset();
+        } else if self.depth <= 0 {
+            self.parse_value();
+        }
+    }
+
+    /// Parses the complete chunk: usually one value, possibly several on a line.
+    fn parse_value(&mut self) {
+        let start = self.value_start;
+        let values = serde_json::Deserializer::from_slice(&self.value).into_iter::<Value>();
+        for value in values {
+            match value {
+                Ok(value) => self.ready.push_back(Frame::Value(value)),
+                Err(err) => {
+                    let line = start + err.line().saturating_sub(1);
+                    self.ready.push_back(Frame::Invalid(format!("not valid JSON at line {line}: {err}")));
+                    break;
+                }
+            }
+        }
+        self.reset();
+    }
+
+    fn reset(&mut self) {
+        self.value.clear();
+        self.depth = 0;
+    }
+}
+
+impl<R: BufRead> Iterator for JsonFrames<R> {
+    type Item = io::Result<Frame>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(frame) = self.ready.pop_front() {
+                return Some(Ok(frame));
+            }
+            if self.done {
+                return None;
+            }
+            self.line.clear();
+            match self.reader.read_until(b'\n', &mut self.line) {
+                Ok(0) => {
+                    self.done = true;
+                    if !self.value.is_empty() {
+                        let start = self.value_start;
+                        self.ready.push_back(Frame::Invalid(format!(
+                            "incomplete JSON value starting at line {start} at end of input"
+                        )));
+                        self.reset();
+                    }
+                }
+                Ok(_) => {
+                    self.line_no += 1;
+                    self.push_line();
+                }
+                Err(err) => {
+                    self.done = true;
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(input: &str) -> Vec<String> {
+        JsonFrames::new(input.as_bytes())
+            .map(|f| match f.unwrap() {
+                Frame::Value(v) => v.to_string(),
+                Frame::Invalid(e) => format!("invalid: {e}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_value_per_line() {
+        assert_eq!(frames("{\"a\":1}\n{\"b\":2}\n"), ["{\"a\":1}", "{\"b\":2}"]);
+    }
+
+    #[test]
+    fn pretty_printed_values_concatenated() {
+        let input = "{\n  \"a\": {\n    \"b\": \"}{\"\n  }\n}\n{\n  \"c\": [1, 2]\n}\n";
+        assert_eq!(frames(input), ["{\"a\":{\"b\":\"}{\"}}", "{\"c\":[1,2]}"]);
+    }
+
+    #[test]
+    fn several_values_on_one_line_and_blank_lines() {
+        assert_eq!(frames("\n{\"a\":1} {\"b\":2}\n\n"), ["{\"a\":1}", "{\"b\":2}"]);
+    }
+
+    #[test]
+    fn syntax_error_resyncs_at_the_next_line() {
+        let out = frames("{\"a\":1}\n{\"a\": nope}\n{\"b\":2}\n");
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(out[1].starts_with("invalid: not valid JSON at line 2"), "{out:?}");
+        assert_eq!(out[2], "{\"b\":2}");
+    }
+
+    #[test]
+    fn truncated_value_resyncs_at_the_next_top_level_value() {
+        let out = frames("{\"a\": {\"b\": 1\n{\"c\":3}\n");
+        assert_eq!(out, ["invalid: incomplete JSON value starting at line 1", "{\"c\":3}"]);
+        let out = frames("{\"a\": \"open\n{\"c\":3}\n");
+        assert!(out[0].starts_with("invalid: unterminated string"), "{out:?}");
+        assert_eq!(out[1], "{\"c\":3}");
+    }
+
+    #[test]
+    fn truncated_at_end_of_input_is_reported() {
+        let out = frames("{\"a\":1}\n{\"b\":\n");
+        assert_eq!(out[0], "{\"a\":1}");
+        assert!(out[1].contains("at end of input"), "{out:?}");
+    }
+
+    #[test]
+    fn stray_closer_and_non_utf8_are_invalid_not_fatal() {
+        let out = frames("}\n{\"a\":1}\n");
+        assert!(out[0].starts_with("invalid"), "{out:?}");
+        assert_eq!(out[1], "{\"a\":1}");
+        let bytes: &[u8] = b"{\"a\":\"\xff\"}\n{\"b\":1}\n";
+        let out: Vec<_> = JsonFrames::new(bytes).map(|f| matches!(f.unwrap(), Frame::Value(_))).collect();
+        assert_eq!(out, [false, true]);
+    }
+}

@@ -1,0 +1,203 @@
+//! The decision: one `PodEvent` and the prior state in, the new state and the
+//! commands out. Pure: no clock, no I/O, no randomness, so `podstream decide`,
+//! the tests, a replay and every processor instance agree.
+
+use podstream_proto::v1::{self, Command, EventType, PodRef, TaskKey, command::Kind};
+use podstream_proto::{PodEvent, task::command_id};
+use thiserror::Error;
+
+use crate::duplicates::{choose, precedence};
+use crate::order::is_newer;
+use crate::rules::{Ignored, Outcome, Rules};
+use crate::state::{Candidate, PodState, Prior, TaskState};
+
+/// A `PodEvent` the rules cannot decide (a malformed message on the bus).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EventError {
+    /// The event names no pod uid.
+    #[error("pod event has no pod uid")]
+    NoPod,
+    /// The event names no task instance.
+    #[error("pod event has no task instance key")]
+    NoTask,
+}
+
+/// The result of deciding one event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Not newer than the last applied event of the pod (a redelivery, a
+    /// replay, a re-list): nothing changes, nothing is emitted.
+    Stale {
+        /// resourceVersion of the last applied event.
+        last_resource_version: String,
+    },
+    /// The event was applied.
+    Applied(Applied),
+}
+
+/// The new state and the commands of an applied event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    /// What the event says about its TI, before duplicate resolution.
+    pub outcome: Outcome,
+    /// The pod's state to store.
+    pub pod: PodState,
+    /// The TI's state to store; `None` when no pod maps to it any more.
+    pub task: Option<TaskState>,
+    /// Commands, in the order they must be applied.
+    pub commands: Vec<Command>,
+}
+
+impl Decision {
+    /// The commands emitted (none for a stale event).
+    pub fn commands(&self) -> &[Command] {
+        match self {
+            Decision::Stale { .. } => &[],
+            Decision::Applied(applied) => &applied.commands,
+        }
+    }
+}
+
+/// Decides one event of one pod (semantics.md, in full).
+pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
+    let pod = event.pod.as_ref().filter(|p| !p.uid.is_empty()).ok_or(EventError::NoPod)?;
+    let key = event.task.as_ref().ok_or(EventError::NoTask)?;
+
+    if let Some(last) = &prior.pod
+        && !is_newer(&event.resource_version, &last.resource_version)
+    {
+        return Ok(Decision::Stale { last_resource_version: last.resource_version.clone() });
+    }
+
+    let deleted = event.r#type() == EventType::Deleted;
+    let outcome = rules.outcome(event);
+    let pod_state = PodState {
+        task: key.clone(),
+        owner: event.owner.clone(),
+        resource_version: event.resource_version.clone(),
+        gone: deleted,
+    };
+    // Revoked and done pods change no task state: only the order rule holds.
+    if matches!(outcome, Outcome::Ignored(Ignored::Revoked | Ignored::ExecutorDone)) {
+        return Ok(Decision::Applied(Applied { outcome, pod: pod_state, task: prior.task, commands: Vec::new() }));
+    }
+
+    let mut task = prior.task.unwrap_or_default();
+    upsert(&mut task, pod, event, &outcome);
+    let mut commands = Vec::new();
+
+    // A relabel is an ownership transfer, reported by the pod that drives the TI.
+    if let Some(from) = prior.pod.as_ref().map(|p| &p.owner)
+        && *from != event.owner
+        && chosen_uid(&task) == Some(pod.uid.as_str())
+    {
+        let transfer = Kind::Transfer(v1::Transfer { from: from.clone(), to: event.owner.clone() });
+        commands.push(command(key, pod, &event.owner, &event.resource_version, transfer));
+    }
+    report_chosen(&mut task, key, &mut commands);
+    if deleted {
+        task.candidates.retain(|c| c.pod.uid != pod.uid);
+        report_chosen(&mut task, key, &mut commands);
+    }
+    report_duplicates(&mut task, key, event, pod, &mut commands);
+
+    let task = (!task.candidates.is_empty()).then_some(task);
+    Ok(Decision::Applied(Applied { outcome, pod: pod_state, task, commands }))
+}
+
+/// Records the event's facts in the pod's candidate entry.
+fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) {
+    let entry = match task.candidates.iter_mut().position(|c| c.pod.uid == pod.uid) {
+        Some(at) => &mut task.candidates[at],
+        None => {
+            task.candidates.push(Candidate {
+                pod: pod.clone(),
+                owner: String::new(),
+                resource_version: String::new(),
+                phase: event.phase(),
+                terminating: false,
+                created_unix_ms: 0,
+                current: Outcome::Pending,
+                reported: None,
+            });
+            let last = task.candidates.len() - 1;
+            &mut task.candidates[last]
+        }
+    };
+    entry.pod = pod.clone();
+    entry.owner = event.owner.clone();
+    entry.resource_version = event.resource_version.clone();
+    entry.phase = event.phase();
+    entry.terminating = event.deletion_unix_ms.is_some();
+    entry.created_unix_ms = event.creation_unix_ms;
+    entry.current = outcome.clone();
+}
+
+fn chosen_uid(task: &TaskState) -> Option<&str> {
+    choose(&task.candidates).map(|at| task.candidates[at].pod.uid.as_str())
+}
+
+/// Reports the chosen pod's outcome, unless it was reported already or the
+/// try is settled. Only the chosen pod drives the TI: a losing pod's failure
+/// never fails it. When the choice moves to another pod, that pod's unreported
+/// outcome is reported now, so the TI never waits on a pod that lost.
+fn report_chosen(task: &mut TaskState, key: &TaskKey, commands: &mut Vec<Command>) {
+    if task.settled {
+        return;
+    }
+    let Some(at) = choose(&task.candidates) else { return };
+    let chosen = &mut task.candidates[at];
+    let repeat = chosen.reported.as_ref().is_some_and(|r| r.is_terminal() || r.same_fact(&chosen.current));
+    if !chosen.current.is_reported() || repeat {
+        return;
+    }
+    let kind = match &chosen.current {
+        Outcome::Fail(failure) => Kind::Fail(v1::Fail {
+            reason: failure.reason.clone(),
+            detail: failure.detail.clone(),
+            terminated: failure.terminated.clone(),
+        }),
+        Outcome::Completed => Kind::Completed(v1::Completed {}),
+        Outcome::Running => Kind::Running(v1::Running {}),
+        Outcome::Lost { reason } => Kind::Lost(v1::Lost { reason: reason.clone() }),
+        Outcome::Pending | Outcome::Ignored(_) => return,
+    };
+    commands.push(command(key, &chosen.pod, &chosen.owner, &chosen.resource_version, kind));
+    task.settled = chosen.current.is_terminal();
+    chosen.reported = Some(chosen.current.clone());
+}
+
+/// Emits a duplicate record when the set of pods of the TI, or the chosen
+/// one, differs from the last record.
+fn report_duplicates(task: &mut TaskState, key: &TaskKey, event: &PodEvent, pod: &PodRef, commands: &mut Vec<Command>) {
+    let Some(at) = choose(&task.candidates).filter(|_| task.candidates.len() > 1) else {
+        task.duplicate_reported = None;
+        return;
+    };
+    let chosen = &task.candidates[at];
+    let mut others: Vec<&Candidate> = task.candidates.iter().filter(|c| c.pod.uid != chosen.pod.uid).collect();
+    others.sort_by(|a, b| precedence(a, b));
+    let mut signature: Vec<String> = others.iter().map(|c| c.pod.uid.clone()).collect();
+    signature.sort();
+    signature.insert(0, chosen.pod.uid.clone());
+    if task.duplicate_reported.as_ref() == Some(&signature) {
+        return;
+    }
+    let duplicate = Kind::Duplicate(v1::Duplicate {
+        chosen: Some(chosen.pod.clone()),
+        others: others.iter().map(|c| c.pod.clone()).collect(),
+    });
+    commands.push(command(key, pod, &event.owner, &event.resource_version, duplicate));
+    task.duplicate_reported = Some(signature);
+}
+
+fn command(key: &TaskKey, pod: &PodRef, owner: &str, resource_version: &str, kind: Kind) -> Command {
+    Command {
+        id: command_id(&pod.uid, resource_version, kind.name()),
+        task: Some(key.clone()),
+        pod: Some(pod.clone()),
+        owner: owner.to_owned(),
+        resource_version: resource_version.to_owned(),
+        kind: Some(kind),
+    }
+}

@@ -1,0 +1,186 @@
+//! The phase and deletion table of semantics.md, as a pure function of one
+//! event: what the pod, as it is now, says about its task instance.
+
+use podstream_proto::PodEvent;
+use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase};
+
+/// Waiting reasons that fail a pending pod, unless configured otherwise.
+pub const DEFAULT_FATAL_REASONS: &[&str] = &[
+    "CreateContainerConfigError",
+    "ErrImagePull",
+    "CreateContainerError",
+    "ImageInspectError",
+    "InvalidImageName",
+];
+
+/// The `ErrImagePull` message that is throttling, not a bad image.
+const PULL_QPS_EXCEEDED: &str = "pull QPS exceeded";
+
+/// Configuration of the rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    fatal_reasons: Vec<String>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules::with_fatal_reasons(DEFAULT_FATAL_REASONS.iter().copied())
+    }
+}
+
+impl Rules {
+    /// Rules with these fatal waiting reasons. Each is trimmed and empty ones
+    /// dropped: Airflow's own default string once carried a leading space
+    /// that silently disabled `InvalidImageName`.
+    pub fn with_fatal_reasons<S: AsRef<str>>(reasons: impl IntoIterator<Item = S>) -> Self {
+        let fatal_reasons = reasons
+            .into_iter()
+            .map(|r| r.as_ref().trim().to_owned())
+            .filter(|r| !r.is_empty())
+            .collect();
+        Rules { fatal_reasons }
+    }
+
+    /// Rules from a comma-separated list, as in Airflow's
+    /// `worker_pod_pending_fatal_container_state_reasons`.
+    pub fn from_comma_list(list: &str) -> Self {
+        Rules::with_fatal_reasons(list.split(','))
+    }
+
+    /// The configured fatal waiting reasons, trimmed.
+    pub fn fatal_reasons(&self) -> &[String] {
+        &self.fatal_reasons
+    }
+
+    fn is_fatal(&self, waiting: &ContainerWaiting) -> bool {
+        if waiting.reason == "ErrImagePull" && waiting.message == PULL_QPS_EXCEEDED {
+            return false;
+        }
+        self.fatal_reasons.iter().any(|r| *r == waiting.reason)
+    }
+
+    /// What `event` says about its task instance (semantics.md, rows 1–10,
+    /// checked in order).
+    pub fn outcome(&self, event: &PodEvent) -> Outcome {
+        if event.revoked {
+            return Outcome::Ignored(Ignored::Revoked);
+        }
+        if event.executor_done {
+            return Outcome::Ignored(Ignored::ExecutorDone);
+        }
+        let deleted = event.r#type() == EventType::Deleted;
+        // A delete the ingest synthesized after a re-list is a real deletion:
+        // the pod vanished while nobody watched.
+        let really_deleted = deleted && (event.deletion_unix_ms.is_some() || event.synthesized);
+        if deleted && !really_deleted {
+            return Outcome::Ignored(Ignored::LeftSelector);
+        }
+        if event.status_reason == "ProviderFailed" {
+            return Outcome::Fail(Failure::new("provider_failed", "status.reason is ProviderFailed", event));
+        }
+        match event.phase() {
+            Phase::Pending if really_deleted => Outcome::Lost { reason: "deleted_while_pending".to_owned() },
+            Phase::Pending => {
+                let checked = event.init_waiting.iter().chain(event.first_app_waiting.as_ref());
+                match checked.into_iter().find(|w| self.is_fatal(w)) {
+                    Some(w) => Outcome::Fail(Failure::new(
+                        format!("fatal_pending:{}", w.reason),
+                        format!("container {} waiting: {} {}", w.container, w.reason, w.message).trim_end(),
+                        event,
+                    )),
+                    None => Outcome::Pending,
+                }
+            }
+            Phase::Failed => Outcome::Fail(Failure::new("pod_failed", exit_summary(&event.terminated), event)),
+            Phase::Succeeded => Outcome::Completed,
+            Phase::Running if really_deleted => {
+                Outcome::Fail(Failure::new("deleted_while_running", "pod deleted while running", event))
+            }
+            Phase::Running => Outcome::Running,
+            Phase::Unknown | Phase::Unspecified => Outcome::Ignored(Ignored::UnknownPhase),
+        }
+    }
+}
+
+/// What one event says about the task instance of its pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod failed the task.
+    Fail(Failure),
+    /// The pod succeeded; the task recorded its own outcome.
+    Completed,
+    /// The pod runs.
+    Running,
+    /// The pod was deleted before it started; a requeue may follow.
+    Lost {
+        /// `deleted_while_pending`.
+        reason: String,
+    },
+    /// The pod waits to start, nothing fatal yet.
+    Pending,
+    /// The event changes no task state.
+    Ignored(Ignored),
+}
+
+impl Outcome {
+    /// Whether the task instance can no longer be driven by this pod after
+    /// reporting this outcome.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Outcome::Fail(_) | Outcome::Completed | Outcome::Lost { .. })
+    }
+
+    /// Whether this outcome is reported as a command.
+    pub fn is_reported(&self) -> bool {
+        matches!(self, Outcome::Fail(_) | Outcome::Completed | Outcome::Running | Outcome::Lost { .. })
+    }
+
+    /// Whether two outcomes state the same fact (a fail is a fail, whatever
+    /// the reason: a pod fails its task once).
+    pub fn same_fact(&self, other: &Outcome) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// Why a failing pod fails its task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `provider_failed`, `fatal_pending:<Reason>`, `pod_failed`, `deleted_while_running`.
+    pub reason: String,
+    /// The facts behind the reason, in words.
+    pub detail: String,
+    /// Terminated containers at the time.
+    pub terminated: Vec<ContainerTerminated>,
+}
+
+impl Failure {
+    fn new(reason: impl Into<String>, detail: impl Into<String>, event: &PodEvent) -> Self {
+        Failure { reason: reason.into(), detail: detail.into(), terminated: event.terminated.clone() }
+    }
+}
+
+/// Why an event changes no task state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// Row 1: the executor revoked the pod.
+    Revoked,
+    /// The executor finished with the pod (`airflow_executor_done`).
+    ExecutorDone,
+    /// Row 2: `DELETED` without `deletionTimestamp`, the pod left a selector.
+    LeftSelector,
+    /// Row 10: a phase the rules do not know (`Unknown`, absent).
+    UnknownPhase,
+}
+
+fn exit_summary(terminated: &[ContainerTerminated]) -> String {
+    if terminated.is_empty() {
+        return "pod failed; no container reported an exit".to_owned();
+    }
+    let parts: Vec<String> = terminated
+        .iter()
+        .map(|t| match t.reason.as_str() {
+            "" => format!("{} exited {}", t.container, t.exit_code),
+            reason => format!("{} exited {} ({reason})", t.container, t.exit_code),
+        })
+        .collect();
+    parts.join(", ")
+}

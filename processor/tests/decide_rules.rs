@@ -1,0 +1,119 @@
+//! semantics.md beyond one event: order and repeats, ownership, several pods
+//! for one task instance. Each case is a story of events and the commands it
+//! must produce, in order.
+
+mod support;
+
+use podstream_proto::v1::EventType::{Added, Deleted, Modified};
+use podstream_proto::v1::Phase::{Failed, Pending, Running, Succeeded};
+use support::{EventExt, ev, run, ti};
+
+#[test]
+fn stories() {
+    #[rustfmt::skip]
+    let stories: Vec<(&str, Vec<_>, Vec<&str>)> = vec![
+        ("a pod's life: pending, running, succeeded",
+            vec![ev(Added, Pending, "a", 1), ev(Modified, Running, "a", 2), ev(Modified, Succeeded, "a", 3)],
+            vec!["running a 1", "completed a 1"]),
+        ("the same event twice emits once",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 2)],
+            vec!["running a 1"]),
+        ("an older event after a newer one changes nothing",
+            vec![ev(Modified, Succeeded, "a", 5), ev(Modified, Running, "a", 4)],
+            vec!["completed a 1"]),
+        ("resourceVersions compare as integers",
+            vec![ev(Modified, Running, "a", 9), ev(Modified, Failed, "a", 10)],
+            vec!["running a 1", "fail a 1 pod_failed"]),
+        ("a newer event with the same facts emits nothing",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3), ev(Modified, Running, "a", 4)],
+            vec!["running a 1"]),
+        ("a pod fails its task once",
+            vec![ev(Modified, Pending, "a", 1).app_waiting("ErrImagePull", "no such image"),
+                 ev(Modified, Failed, "a", 2), ev(Deleted, Failed, "a", 3).deleting()],
+            vec!["fail a 1 fatal_pending:ErrImagePull"]),
+        ("seed 000: a relabel is a transfer, never a fail",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).owner("2"),
+                 ev(Modified, Succeeded, "a", 4).owner("2")],
+            vec!["running a 1", "transfer a 2 1->2", "completed a 2"]),
+        ("a relabel away and back is two transfers",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).owner("2"),
+                 ev(Modified, Running, "a", 4).owner("1")],
+            vec!["running a 1", "transfer a 2 1->2", "transfer a 1 2->1"]),
+        ("leaving the selector never fails, and the pod is gone",
+            vec![ev(Modified, Running, "a", 2), ev(Deleted, Running, "a", 3)],
+            vec!["running a 1"]),
+        ("graceful delete of a running pod: terminating, then deleted",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).deleting(),
+                 ev(Deleted, Running, "a", 4).deleting()],
+            vec!["running a 1", "fail a 1 deleted_while_running"]),
+        ("a pending pod deleted is lost, not failed",
+            vec![ev(Added, Pending, "a", 1), ev(Deleted, Pending, "a", 2).deleting()],
+            vec!["lost a 1 deleted_while_pending"]),
+        ("revoked pods change nothing, not even by a relabel",
+            vec![ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).owner("2").revoked(),
+                 ev(Deleted, Running, "a", 4).deleting().revoked()],
+            vec!["running a 1"]),
+        ("done pods change nothing",
+            vec![ev(Modified, Succeeded, "a", 2).done(), ev(Deleted, Succeeded, "a", 3).deleting().done()],
+            vec![]),
+        ("seed 003: older running pod beats newer pending one; the loser's failure fails nothing",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "b", 2).created(2_000),
+                 ev(Modified, Failed, "b", 3).created(2_000)],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b"]),
+        ("duplicates: newest creation wins among equals, then the last name",
+            vec![ev(Added, Pending, "a", 1).created(1_000), ev(Added, Pending, "b", 2).created(2_000),
+                 ev(Added, Pending, "c", 3).created(2_000)],
+            vec!["duplicate b 1 chosen=b others=a", "duplicate c 1 chosen=c others=b,a"]),
+        ("duplicates: a terminating pod yields to a live one, whose outcome is reported",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Running, "b", 2).created(500),
+                 ev(Modified, Running, "a", 3).created(1_000).deleting()],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b", "running b 1",
+                 "duplicate a 1 chosen=b others=a"]),
+        ("duplicates: once the chosen pod ended the try, a loser's failure stays silent",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "b", 2).created(2_000),
+                 ev(Modified, Failed, "b", 3).created(2_000), ev(Modified, Succeeded, "a", 4).created(1_000),
+                 ev(Deleted, Succeeded, "a", 5).created(1_000).deleting()],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b", "completed a 1"]),
+        ("duplicates: the last duplicate gone, a new record is made if another appears",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "b", 2).created(2_000),
+                 ev(Deleted, Pending, "b", 3).created(2_000).deleting(), ev(Added, Pending, "c", 4).created(3_000)],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b", "duplicate c 1 chosen=a others=c"]),
+        ("a loser's relabel is not a transfer; the chosen pod's is",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "b", 2).created(2_000),
+                 ev(Modified, Pending, "b", 3).created(2_000).owner("2"),
+                 ev(Modified, Running, "a", 4).created(1_000).owner("2")],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b", "transfer a 2 1->2"]),
+        ("pods of different tries are different task instances",
+            vec![ev(Modified, Failed, "a", 1), ev(Added, Running, "b", 2).with(|e| e.task = Some(ti(2)))],
+            vec!["fail a 1 pod_failed", "running b 1"]),
+    ];
+    let mut wrong = Vec::new();
+    for (story, events, expected) in stories {
+        let got = run(&events);
+        if got != expected {
+            wrong.push(format!("{story}:\n  expected {expected:?}\n  got      {got:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "stories that disagree with semantics.md:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn command_ids_are_deterministic_and_distinct() {
+    let events = [ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).owner("2"), ev(Modified, Failed, "a", 4).owner("2")];
+    let ids = |events: &[_]| {
+        let mut p = podstream_processor::Processor::new(Default::default(), podstream_processor::MemoryStore::default());
+        events.iter().flat_map(|e| p.handle(e).unwrap()).map(|c| c.id).collect::<Vec<_>>()
+    };
+    let first = ids(&events);
+    assert_eq!(first, ids(&events));
+    assert_eq!(first, ["uid-a:2:running", "uid-a:3:transfer", "uid-a:4:fail"]);
+}
+
+#[test]
+fn malformed_events_are_typed_errors() {
+    let mut p = podstream_processor::Processor::new(Default::default(), podstream_processor::MemoryStore::default());
+    let no_pod = ev(Modified, Running, "a", 1).with(|e| e.pod = None);
+    let no_task = ev(Modified, Running, "a", 1).with(|e| e.task = None);
+    assert!(matches!(p.handle(&no_pod), Err(podstream_processor::HandleError::Event(podstream_processor::EventError::NoPod))));
+    assert!(matches!(p.handle(&no_task), Err(podstream_processor::HandleError::Event(podstream_processor::EventError::NoTask))));
+}
