@@ -106,6 +106,11 @@ impl MemoryStore {
         (self.pods.len(), self.tasks.len())
     }
 
+    /// The state of task instance `key`, if any pod maps to it.
+    pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
+        self.tasks.get(key)
+    }
+
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty() && self.tasks.is_empty()
