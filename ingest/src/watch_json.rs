@@ -106,7 +106,8 @@ fn read_pod(event_type: EventType, object: Value) -> WatchItem {
 fn object_ref(object: &Value) -> Option<PodRef> {
     let meta = object.get("metadata")?;
     let field = |name: &str| meta.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
-    Some(PodRef { namespace: field("namespace"), name: field("name"), uid: field("uid") })
+    let pod = PodRef { namespace: field("namespace"), name: field("name"), uid: field("uid") };
+    (pod != PodRef::default()).then_some(pod)
 }
 
 fn invalid(error: impl Into<String>, pod: Option<PodRef>) -> WatchItem {
