@@ -1,0 +1,180 @@
+//! Projection of real-shaped Airflow worker pods into `PodEvent`s, and of
+//! anything else into a typed error, never a panic.
+
+use k8s_openapi::api::core::v1::Pod;
+use podstream_ingest::watch_json::{WatchItem, read_value};
+use podstream_ingest::{ProjectionError, project};
+use podstream_proto::v1::{EventType, Phase};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn worker_pod() -> Value {
+    json!({
+        "kind": "Pod",
+        "metadata": {
+            "name": "etl-load-7c1f", "namespace": "airflow", "uid": "u-1", "resourceVersion": "42",
+            "creationTimestamp": "2026-11-30T10:00:00Z",
+            "labels": {"airflow-worker": "7", "dag_id": "etl", "task_id": "load",
+                       "run_id": "manual__2026-11-30T1000000000-0a1b2c3d4", "try_number": "2"},
+            "annotations": {"dag_id": "etl", "task_id": "load", "run_id": "manual__2026-11-30T10:00:00+00:00",
+                            "try_number": "2"}
+        },
+        "spec": {"containers": [{"name": "base"}, {"name": "sidecar"}], "initContainers": [{"name": "init"}]},
+        "status": {"phase": "Pending"}
+    })
+}
+
+fn project_json(value: Value) -> Result<podstream_proto::PodEvent, ProjectionError> {
+    let pod: Pod = serde_json::from_value(value).unwrap();
+    project(EventType::Modified, &pod)
+}
+
+/// `value` with the field at `pointer` set (created when absent) to `new`.
+fn with(mut value: Value, pointer: &str, new: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    value.pointer_mut(parent).unwrap().as_object_mut().unwrap().insert(key.to_owned(), new);
+    value
+}
+
+fn waiting(name: &str, reason: &str) -> Value {
+    json!({"name": name, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+           "state": {"waiting": {"reason": reason, "message": "m"}}})
+}
+
+#[test]
+fn key_comes_from_annotations_never_labels() {
+    let event = project_json(worker_pod()).unwrap();
+    let task = event.task.clone().unwrap();
+    assert_eq!(task.run_id, "manual__2026-11-30T10:00:00+00:00");
+    assert_eq!((task.try_number, task.map_index), (2, -1));
+    assert_eq!(event.owner, "7");
+    assert_eq!(event.resource_version, "42");
+    assert_eq!(event.creation_unix_ms, 1_796_032_800_000);
+    assert_eq!(event.phase(), Phase::Pending);
+    assert_eq!(event.deletion_unix_ms, None);
+}
+
+#[test]
+fn unusable_pods_give_typed_errors() {
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Value, ProjectionError)> = vec![
+        ("no annotations", with(worker_pod(), "/metadata/annotations", Value::Null), ProjectionError::NoAnnotations),
+        ("no dag_id", with(worker_pod(), "/metadata/annotations/dag_id", json!("")), ProjectionError::MissingAnnotation("dag_id")),
+        ("try_number not an integer", with(worker_pod(), "/metadata/annotations/try_number", json!("2.0")),
+            ProjectionError::NotAnInteger { annotation: "try_number", value: "2.0".into() }),
+        ("map_index not an integer", with(worker_pod(), "/metadata/annotations/map_index", json!("x")),
+            ProjectionError::NotAnInteger { annotation: "map_index", value: "x".into() }),
+        ("no owner label", with(worker_pod(), "/metadata/labels", json!({"dag_id": "etl"})), ProjectionError::NoOwner),
+        ("no uid", with(worker_pod(), "/metadata/uid", Value::Null), ProjectionError::NoUid),
+        ("no run at all", with(worker_pod(), "/metadata/annotations/run_id", json!("")), ProjectionError::NoRun),
+    ];
+    for (case, pod, error) in cases {
+        assert_eq!(project_json(pod), Err(error), "{case}");
+    }
+}
+
+#[test]
+fn old_pods_with_a_logical_date_keep_an_incomplete_key() {
+    let pod = with(worker_pod(), "/metadata/annotations", json!({
+        "dag_id": "etl", "task_id": "load", "try_number": "1", "execution_date": "2022-07-12T16:00:00+00:00"}));
+    let task = project_json(pod).unwrap().task.unwrap();
+    assert!(!task.is_complete());
+    assert_eq!(task.logical_date, "2022-07-12T16:00:00+00:00");
+}
+
+#[test]
+fn only_init_containers_and_the_first_app_container_are_read() {
+    // kubelet sorts statuses by name: "base" < "sidecar", but put them the other way round.
+    let sidecar_waiting = with(worker_pod(), "/status/containerStatuses",
+        json!([waiting("sidecar", "ErrImagePull"), {"name": "base", "image": "x", "imageID": "", "ready": false, "restartCount": 0}]));
+    let event = project_json(sidecar_waiting).unwrap();
+    assert_eq!(event.first_app_waiting, None, "the second app container is not read");
+
+    let base_waiting = with(worker_pod(), "/status/containerStatuses",
+        json!([waiting("sidecar", "ContainerCreating"), waiting("base", "InvalidImageName")]));
+    assert_eq!(project_json(base_waiting).unwrap().first_app_waiting.unwrap().reason, "InvalidImageName");
+
+    let init_waiting = with(worker_pod(), "/status/initContainerStatuses", json!([waiting("init", "CreateContainerConfigError")]));
+    assert_eq!(project_json(init_waiting).unwrap().init_waiting[0].reason, "CreateContainerConfigError");
+}
+
+#[test]
+fn labels_and_deletion_are_projected() {
+    let mut pod = with(worker_pod(), "/metadata/deletionTimestamp", json!("2026-11-30T10:00:30Z"));
+    pod["metadata"]["labels"]["airflow_executor_done"] = json!("True");
+    pod["metadata"]["labels"]["airflow_pod_revoked"] = json!("True");
+    pod["status"] = json!({"phase": "Failed", "reason": "ProviderFailed", "containerStatuses": [
+        {"name": "base", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+         "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]});
+    let event = project_json(pod).unwrap();
+    assert!(event.executor_done && event.revoked);
+    assert_eq!(event.deletion_unix_ms, Some(1_796_032_830_000));
+    assert_eq!(event.status_reason, "ProviderFailed");
+    assert_eq!((event.terminated[0].exit_code, event.terminated[0].reason.as_str()), (137, "OOMKilled"));
+}
+
+#[test]
+fn watch_json_shapes() {
+    let event = |t: &str| json!({"type": t, "object": worker_pod()});
+    assert!(matches!(&read_value(event("DELETED"))[..], [WatchItem::Pod { event_type: EventType::Deleted, .. }]));
+    assert!(matches!(&read_value(worker_pod())[..], [WatchItem::Pod { event_type: EventType::Added, .. }]));
+    let list = json!({"kind": "PodList", "items": [worker_pod(), worker_pod()]});
+    assert_eq!(read_value(list).len(), 2);
+    let bookmark = json!({"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}});
+    assert_eq!(read_value(bookmark), [WatchItem::Bookmark { resource_version: "9".into() }]);
+    let gone = json!({"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}});
+    assert_eq!(read_value(gone), [WatchItem::WatchError { message: "too old resource version".into() }]);
+    for bad in [json!(1), json!({"kind": "Secret"}), json!({"type": "WHAT", "object": {}}), json!({"kind": "List"})] {
+        assert!(matches!(&read_value(bad.clone())[..], [WatchItem::Invalid { .. }]), "{bad}");
+    }
+}
+
+/// Arbitrary JSON, shaped or not like a pod.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        "[a-zA-Z0-9 _.-]{0,12}".prop_map(Value::String),
+        prop_oneof![Just("Pending"), Just("Running"), Just("Failed"), Just("ProviderFailed"), Just("True"), Just("1")]
+            .prop_map(|s| json!(s)),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        let key = prop_oneof![
+            Just("metadata"), Just("labels"), Just("annotations"), Just("status"), Just("phase"), Just("uid"),
+            Just("airflow-worker"), Just("dag_id"), Just("task_id"), Just("try_number"), Just("run_id"),
+            Just("containerStatuses"), Just("state"), Just("waiting"), Just("reason"), Just("kind"), Just("type"),
+            Just("object"), Just("items"), Just("deletionTimestamp"), Just("name")
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(key.prop_map(str::to_owned), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn nothing_panics_the_reader_or_the_projection(value in json_value()) {
+        for item in read_value(value) {
+            if let WatchItem::Pod { event_type, pod } = item {
+                let _ = project(event_type, &pod);
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_worker_pods_project_or_fail_cleanly(pointer in prop_oneof![
+            Just("/metadata/annotations/try_number"), Just("/metadata/labels/airflow-worker"),
+            Just("/metadata/annotations"), Just("/status"), Just("/metadata/creationTimestamp")],
+        replacement in json_value()) {
+        let mut pod = worker_pod();
+        if let Some(slot) = pod.pointer_mut(pointer) { *slot = replacement; }
+        for item in read_value(pod) {
+            if let WatchItem::Pod { event_type, pod } = item {
+                let _ = project(event_type, &pod);
+            }
+        }
+    }
+}
