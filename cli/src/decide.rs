@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use podstream_ingest::project;
 use podstream_ingest::watch_json::{WatchItem, read_value};
-use podstream_proto::line::CommandLine;
 use podstream_processor::{MemoryStore, Processor, Rules};
+use podstream_proto::line::CommandLine;
 use tracing::{debug, info, warn};
 
 use crate::json_stream::{Frame, JsonFrames};
@@ -49,17 +49,32 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
     let input: Box<dyn Read> = match args.file.as_deref() {
         None => Box::new(io::stdin()),
         Some(path) if path.as_os_str() == "-" => Box::new(io::stdin()),
-        Some(path) => Box::new(File::open(path).with_context(|| format!("cannot open {}", path.display()))?),
+        Some(path) => {
+            Box::new(File::open(path).with_context(|| format!("cannot open {}", path.display()))?)
+        }
     };
     let stdout = io::stdout();
-    let summary = decide_stream(BufReader::new(input), &mut stdout.lock(), Rules::from_comma_list(&args.fatal_reasons))?;
-    info!(events = summary.events, commands = summary.commands, invalid = summary.invalid, "decide finished");
+    let summary = decide_stream(
+        BufReader::new(input),
+        &mut stdout.lock(),
+        Rules::from_comma_list(&args.fatal_reasons),
+    )?;
+    info!(
+        events = summary.events,
+        commands = summary.commands,
+        invalid = summary.invalid,
+        "decide finished"
+    );
     Ok(summary)
 }
 
 /// Decides every pod event of `input` in order, writing JSON lines to `out`.
 /// Fails only when the input cannot be read or the output written.
-pub fn decide_stream<R: Read>(input: BufReader<R>, out: &mut impl Write, rules: Rules) -> anyhow::Result<Summary> {
+pub fn decide_stream<R: Read>(
+    input: BufReader<R>,
+    out: &mut impl Write,
+    rules: Rules,
+) -> anyhow::Result<Summary> {
     let mut processor = Processor::new(rules, MemoryStore::default());
     let mut summary = Summary::default();
     let mut out = io::BufWriter::new(out);
@@ -69,7 +84,11 @@ pub fn decide_stream<R: Read>(input: BufReader<R>, out: &mut impl Write, rules: 
             Frame::Value(value) => value,
             Frame::Invalid(error) => {
                 warn!(%error, "skipping input that is not JSON");
-                write_line(&mut out, &CommandLine::invalid(error, None), &mut summary.invalid)?;
+                write_line(
+                    &mut out,
+                    &CommandLine::invalid(error, None),
+                    &mut summary.invalid,
+                )?;
                 continue;
             }
         };
@@ -82,7 +101,11 @@ pub fn decide_stream<R: Read>(input: BufReader<R>, out: &mut impl Write, rules: 
                         Err(err) => {
                             let pod = podstream_ingest::projection::pod_ref(&pod);
                             warn!(pod = %pod, uid = %pod.uid, error = %err, "pod cannot be projected");
-                            write_line(&mut out, &CommandLine::invalid(err.to_string(), Some(pod)), &mut summary.invalid)?;
+                            write_line(
+                                &mut out,
+                                &CommandLine::invalid(err.to_string(), Some(pod)),
+                                &mut summary.invalid,
+                            )?;
                             continue;
                         }
                     };
@@ -90,19 +113,29 @@ pub fn decide_stream<R: Read>(input: BufReader<R>, out: &mut impl Write, rules: 
                     match processor.handle(&event) {
                         Ok(commands) => {
                             for command in &commands {
-                                write_line(&mut out, &CommandLine::from(command), &mut summary.commands)?;
+                                write_line(
+                                    &mut out,
+                                    &CommandLine::from(command),
+                                    &mut summary.commands,
+                                )?;
                             }
                         }
-                        Err(err) => {
-                            write_line(&mut out, &CommandLine::invalid(err.to_string(), event.pod), &mut summary.invalid)?
-                        }
+                        Err(err) => write_line(
+                            &mut out,
+                            &CommandLine::invalid(err.to_string(), event.pod),
+                            &mut summary.invalid,
+                        )?,
                     }
                 }
                 WatchItem::Bookmark { resource_version } => debug!(%resource_version, "bookmark"),
                 WatchItem::WatchError { message } => warn!(%message, "watch reported an error"),
                 WatchItem::Invalid { error, pod } => {
                     warn!(%error, "skipping a value that is not a pod");
-                    write_line(&mut out, &CommandLine::invalid(error, pod), &mut summary.invalid)?;
+                    write_line(
+                        &mut out,
+                        &CommandLine::invalid(error, pod),
+                        &mut summary.invalid,
+                    )?;
                 }
             }
         }

@@ -58,7 +58,9 @@ impl<R: BufRead> JsonFrames<R> {
             // Still inside a value while a new top-level one starts: the
             // previous one was cut short.
             let start = self.value_start;
-            self.ready.push_back(Frame::Invalid(format!("incomplete JSON value starting at line {start}")));
+            self.ready.push_back(Frame::Invalid(format!(
+                "incomplete JSON value starting at line {start}"
+            )));
             self.reset();
         }
         if self.value.is_empty() {
@@ -90,7 +92,9 @@ impl<R: BufRead> JsonFrames<R> {
         if in_string {
             // JSON strings never span lines.
             let start = self.value_start;
-            self.ready.push_back(Frame::Invalid(format!("unterminated string in the JSON value starting at line {start}")));
+            self.ready.push_back(Frame::Invalid(format!(
+                "unterminated string in the JSON value starting at line {start}"
+            )));
             self.reset();
         } else if self.depth <= 0 {
             self.parse_value();
@@ -106,7 +110,9 @@ impl<R: BufRead> JsonFrames<R> {
                 Ok(value) => self.ready.push_back(Frame::Value(value)),
                 Err(err) => {
                     let line = start + err.line().saturating_sub(1);
-                    self.ready.push_back(Frame::Invalid(format!("not valid JSON at line {line}: {err}")));
+                    self.ready.push_back(Frame::Invalid(format!(
+                        "not valid JSON at line {line}: {err}"
+                    )));
                     break;
                 }
             }
@@ -182,23 +188,38 @@ mod tests {
 
     #[test]
     fn several_values_on_one_line_and_blank_lines() {
-        assert_eq!(frames("\n{\"a\":1} {\"b\":2}\n\n"), ["{\"a\":1}", "{\"b\":2}"]);
+        assert_eq!(
+            frames("\n{\"a\":1} {\"b\":2}\n\n"),
+            ["{\"a\":1}", "{\"b\":2}"]
+        );
     }
 
     #[test]
     fn syntax_error_resyncs_at_the_next_line() {
         let out = frames("{\"a\":1}\n{\"a\": nope}\n{\"b\":2}\n");
         assert_eq!(out.len(), 3, "{out:?}");
-        assert!(out[1].starts_with("invalid: not valid JSON at line 2"), "{out:?}");
+        assert!(
+            out[1].starts_with("invalid: not valid JSON at line 2"),
+            "{out:?}"
+        );
         assert_eq!(out[2], "{\"b\":2}");
     }
 
     #[test]
     fn truncated_value_resyncs_at_the_next_top_level_value() {
         let out = frames("{\"a\": {\"b\": 1\n{\"c\":3}\n");
-        assert_eq!(out, ["invalid: incomplete JSON value starting at line 1", "{\"c\":3}"]);
+        assert_eq!(
+            out,
+            [
+                "invalid: incomplete JSON value starting at line 1",
+                "{\"c\":3}"
+            ]
+        );
         let out = frames("{\"a\": \"open\n{\"c\":3}\n");
-        assert!(out[0].starts_with("invalid: unterminated string"), "{out:?}");
+        assert!(
+            out[0].starts_with("invalid: unterminated string"),
+            "{out:?}"
+        );
         assert_eq!(out[1], "{\"c\":3}");
     }
 
@@ -215,7 +236,9 @@ mod tests {
         assert!(out[0].starts_with("invalid"), "{out:?}");
         assert_eq!(out[1], "{\"a\":1}");
         let bytes: &[u8] = b"{\"a\":\"\xff\"}\n{\"b\":1}\n";
-        let out: Vec<_> = JsonFrames::new(bytes).map(|f| matches!(f.unwrap(), Frame::Value(_))).collect();
+        let out: Vec<_> = JsonFrames::new(bytes)
+            .map(|f| matches!(f.unwrap(), Frame::Value(_)))
+            .collect();
         assert_eq!(out, [false, true]);
     }
 }

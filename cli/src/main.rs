@@ -28,7 +28,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(EnvFilter::try_from_env("PODSTREAM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_env_filter(
+            EnvFilter::try_from_env("PODSTREAM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {

@@ -4,7 +4,9 @@
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey};
+use podstream_proto::v1::{
+    ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey,
+};
 use thiserror::Error;
 
 /// Label whose value is the owning scheduler's job id.
@@ -56,7 +58,11 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
 /// Projects one watch event of `pod` into a `PodEvent`.
 pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionError> {
     let meta = &pod.metadata;
-    let uid = meta.uid.as_deref().filter(|u| !u.is_empty()).ok_or(ProjectionError::NoUid)?;
+    let uid = meta
+        .uid
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or(ProjectionError::NoUid)?;
     let labels = meta.labels.as_ref();
     let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
     let owner = label(OWNER_LABEL).ok_or(ProjectionError::NoOwner)?;
@@ -71,12 +77,19 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
         Some("Unknown") => Phase::Unknown,
         _ => Phase::Unspecified,
     };
-    let init_statuses = status.and_then(|s| s.init_container_statuses.as_deref()).unwrap_or_default();
-    let app_statuses = status.and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+    let init_statuses = status
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    let app_statuses = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
 
     Ok(PodEvent {
         r#type: event_type.into(),
-        pod: Some(PodRef { uid: uid.to_owned(), ..pod_ref(pod) }),
+        pod: Some(PodRef {
+            uid: uid.to_owned(),
+            ..pod_ref(pod)
+        }),
         owner: owner.to_owned(),
         task: Some(task),
         phase: phase.into(),
@@ -86,7 +99,11 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
         resource_version: meta.resource_version.clone().unwrap_or_default(),
         init_waiting: init_statuses.iter().filter_map(waiting).collect(),
         first_app_waiting: first_app_status(pod, app_statuses).and_then(waiting),
-        terminated: init_statuses.iter().chain(app_statuses).filter_map(terminated).collect(),
+        terminated: init_statuses
+            .iter()
+            .chain(app_statuses)
+            .filter_map(terminated)
+            .collect(),
         executor_done: is_true(label(DONE_LABEL)),
         revoked: is_true(label(REVOKED_LABEL)),
         synthesized: false,
@@ -96,13 +113,25 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
 /// The TI key from annotations; labels of the same names are hashed by
 /// Airflow and never used.
 fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
-    let annotations = pod.metadata.annotations.as_ref().ok_or(ProjectionError::NoAnnotations)?;
-    let get = |name: &'static str| annotations.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let annotations = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .ok_or(ProjectionError::NoAnnotations)?;
+    let get = |name: &'static str| {
+        annotations
+            .get(name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    };
     let need = |name: &'static str| get(name).ok_or(ProjectionError::MissingAnnotation(name));
     let integer = |name: &'static str, value: &str| {
         value
             .parse::<i64>()
-            .map_err(|_| ProjectionError::NotAnInteger { annotation: name, value: value.to_owned() })
+            .map_err(|_| ProjectionError::NotAnInteger {
+                annotation: name,
+                value: value.to_owned(),
+            })
     };
 
     let dag_id = need("dag_id")?;
@@ -111,7 +140,9 @@ fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
     let map_index = get("map_index").map_or(Ok(-1), |v| integer("map_index", v))?;
     let run_id = get("run_id").unwrap_or_default();
     let logical_date = if run_id.is_empty() {
-        get("logical_date").or_else(|| get("execution_date")).ok_or(ProjectionError::NoRun)?
+        get("logical_date")
+            .or_else(|| get("execution_date"))
+            .ok_or(ProjectionError::NoRun)?
     } else {
         ""
     };
@@ -131,7 +162,11 @@ fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
 /// the first status is not always the base container; match by name and fall
 /// back to the first status when the spec is absent.
 fn first_app_status<'a>(pod: &Pod, statuses: &'a [ContainerStatus]) -> Option<&'a ContainerStatus> {
-    let first_name = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.as_str());
+    let first_name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.as_str());
     match first_name {
         Some(name) => statuses.iter().find(|s| s.name == name),
         None => statuses.first(),

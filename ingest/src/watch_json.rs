@@ -39,7 +39,10 @@ pub enum WatchItem {
 /// Reads every item of one JSON value.
 pub fn read_value(value: Value) -> Vec<WatchItem> {
     let Value::Object(mut map) = value else {
-        return vec![invalid(format!("expected a JSON object, found {}", type_name(&value)), None)];
+        return vec![invalid(
+            format!("expected a JSON object, found {}", type_name(&value)),
+            None,
+        )];
     };
     if let Some(event_type) = map.get("type").and_then(Value::as_str).map(str::to_owned) {
         let object = map.remove("object").unwrap_or(Value::Null);
@@ -53,16 +56,25 @@ pub fn read_value(value: Value) -> Vec<WatchItem> {
                 .map(|item| match item.get("kind").and_then(Value::as_str) {
                     // kubectl's `List` can mix kinds; PodList items carry no kind.
                     None | Some("Pod") => read_pod(EventType::Added, item),
-                    Some(other) => invalid(format!("list item of kind {other:?} is not a Pod"), object_ref(&item)),
+                    Some(other) => invalid(
+                        format!("list item of kind {other:?} is not a Pod"),
+                        object_ref(&item),
+                    ),
                 })
                 .collect(),
             _ => vec![invalid("list has no `items` array", None)],
         },
         Some(other) => {
             let pod = object_ref(&Value::Object(map.clone()));
-            vec![invalid(format!("object of kind {other:?} is not a Pod"), pod)]
+            vec![invalid(
+                format!("object of kind {other:?} is not a Pod"),
+                pod,
+            )]
         }
-        None => vec![invalid("object is neither a watch event (`type`) nor a Kubernetes object (`kind`)", None)],
+        None => vec![invalid(
+            "object is neither a watch event (`type`) nor a Kubernetes object (`kind`)",
+            None,
+        )],
     }
 }
 
@@ -80,24 +92,43 @@ fn read_event(event_type: &str, object: Value) -> WatchItem {
             return WatchItem::Bookmark { resource_version };
         }
         "ERROR" => {
-            let message = object.get("message").and_then(Value::as_str).unwrap_or("watch error without message");
-            return WatchItem::WatchError { message: message.to_owned() };
+            let message = object
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("watch error without message");
+            return WatchItem::WatchError {
+                message: message.to_owned(),
+            };
         }
-        other => return invalid(format!("unknown watch event type {other:?}"), object_ref(&object)),
+        other => {
+            return invalid(
+                format!("unknown watch event type {other:?}"),
+                object_ref(&object),
+            );
+        }
     };
     match object.get("kind").and_then(Value::as_str) {
         None | Some("Pod") => read_pod(event_type, object),
-        Some(other) => invalid(format!("watch event object of kind {other:?} is not a Pod"), object_ref(&object)),
+        Some(other) => invalid(
+            format!("watch event object of kind {other:?} is not a Pod"),
+            object_ref(&object),
+        ),
     }
 }
 
 fn read_pod(event_type: EventType, object: Value) -> WatchItem {
     if !object.is_object() {
-        return invalid(format!("pod is {}, not an object", type_name(&object)), None);
+        return invalid(
+            format!("pod is {}, not an object", type_name(&object)),
+            None,
+        );
     }
     let pod_ref = object_ref(&object);
     match serde_json::from_value::<Pod>(object) {
-        Ok(pod) => WatchItem::Pod { event_type, pod: Box::new(pod) },
+        Ok(pod) => WatchItem::Pod {
+            event_type,
+            pod: Box::new(pod),
+        },
         Err(err) => invalid(format!("not a valid Pod: {err}"), pod_ref),
     }
 }
@@ -105,13 +136,25 @@ fn read_pod(event_type: EventType, object: Value) -> WatchItem {
 /// The reference of a JSON object, read leniently, for error reports.
 fn object_ref(object: &Value) -> Option<PodRef> {
     let meta = object.get("metadata")?;
-    let field = |name: &str| meta.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let pod = PodRef { namespace: field("namespace"), name: field("name"), uid: field("uid") };
+    let field = |name: &str| {
+        meta.get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let pod = PodRef {
+        namespace: field("namespace"),
+        name: field("name"),
+        uid: field("uid"),
+    };
     (pod != PodRef::default()).then_some(pod)
 }
 
 fn invalid(error: impl Into<String>, pod: Option<PodRef>) -> WatchItem {
-    WatchItem::Invalid { error: error.into(), pod }
+    WatchItem::Invalid {
+        error: error.into(),
+        pod,
+    }
 }
 
 fn type_name(value: &Value) -> &'static str {

@@ -1,6 +1,9 @@
 //! Projection of real-shaped Airflow worker pods into `PodEvent`s, and of
 //! anything else into a typed error, never a panic.
 
+// Test code: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use k8s_openapi::api::core::v1::Pod;
 use podstream_ingest::watch_json::{WatchItem, read_value};
 use podstream_ingest::{ProjectionError, project};
@@ -32,7 +35,12 @@ fn project_json(value: Value) -> Result<podstream_proto::PodEvent, ProjectionErr
 /// `value` with the field at `pointer` set (created when absent) to `new`.
 fn with(mut value: Value, pointer: &str, new: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').unwrap();
-    value.pointer_mut(parent).unwrap().as_object_mut().unwrap().insert(key.to_owned(), new);
+    value
+        .pointer_mut(parent)
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert(key.to_owned(), new);
     value
 }
 
@@ -75,8 +83,12 @@ fn unusable_pods_give_typed_errors() {
 
 #[test]
 fn old_pods_with_a_logical_date_keep_an_incomplete_key() {
-    let pod = with(worker_pod(), "/metadata/annotations", json!({
-        "dag_id": "etl", "task_id": "load", "try_number": "1", "execution_date": "2022-07-12T16:00:00+00:00"}));
+    let pod = with(
+        worker_pod(),
+        "/metadata/annotations",
+        json!({
+        "dag_id": "etl", "task_id": "load", "try_number": "1", "execution_date": "2022-07-12T16:00:00+00:00"}),
+    );
     let task = project_json(pod).unwrap().task.unwrap();
     assert!(!task.is_complete());
     assert_eq!(task.logical_date, "2022-07-12T16:00:00+00:00");
@@ -85,22 +97,52 @@ fn old_pods_with_a_logical_date_keep_an_incomplete_key() {
 #[test]
 fn only_init_containers_and_the_first_app_container_are_read() {
     // kubelet sorts statuses by name: "base" < "sidecar", but put them the other way round.
-    let sidecar_waiting = with(worker_pod(), "/status/containerStatuses",
-        json!([waiting("sidecar", "ErrImagePull"), {"name": "base", "image": "x", "imageID": "", "ready": false, "restartCount": 0}]));
+    let sidecar_waiting = with(
+        worker_pod(),
+        "/status/containerStatuses",
+        json!([waiting("sidecar", "ErrImagePull"), {"name": "base", "image": "x", "imageID": "", "ready": false, "restartCount": 0}]),
+    );
     let event = project_json(sidecar_waiting).unwrap();
-    assert_eq!(event.first_app_waiting, None, "the second app container is not read");
+    assert_eq!(
+        event.first_app_waiting, None,
+        "the second app container is not read"
+    );
 
-    let base_waiting = with(worker_pod(), "/status/containerStatuses",
-        json!([waiting("sidecar", "ContainerCreating"), waiting("base", "InvalidImageName")]));
-    assert_eq!(project_json(base_waiting).unwrap().first_app_waiting.unwrap().reason, "InvalidImageName");
+    let base_waiting = with(
+        worker_pod(),
+        "/status/containerStatuses",
+        json!([
+            waiting("sidecar", "ContainerCreating"),
+            waiting("base", "InvalidImageName")
+        ]),
+    );
+    assert_eq!(
+        project_json(base_waiting)
+            .unwrap()
+            .first_app_waiting
+            .unwrap()
+            .reason,
+        "InvalidImageName"
+    );
 
-    let init_waiting = with(worker_pod(), "/status/initContainerStatuses", json!([waiting("init", "CreateContainerConfigError")]));
-    assert_eq!(project_json(init_waiting).unwrap().init_waiting[0].reason, "CreateContainerConfigError");
+    let init_waiting = with(
+        worker_pod(),
+        "/status/initContainerStatuses",
+        json!([waiting("init", "CreateContainerConfigError")]),
+    );
+    assert_eq!(
+        project_json(init_waiting).unwrap().init_waiting[0].reason,
+        "CreateContainerConfigError"
+    );
 }
 
 #[test]
 fn labels_and_deletion_are_projected() {
-    let mut pod = with(worker_pod(), "/metadata/deletionTimestamp", json!("2026-11-30T10:00:30Z"));
+    let mut pod = with(
+        worker_pod(),
+        "/metadata/deletionTimestamp",
+        json!("2026-11-30T10:00:30Z"),
+    );
     pod["metadata"]["labels"]["airflow_executor_done"] = json!("True");
     pod["metadata"]["labels"]["airflow_pod_revoked"] = json!("True");
     pod["status"] = json!({"phase": "Failed", "reason": "ProviderFailed", "containerStatuses": [
@@ -110,22 +152,58 @@ fn labels_and_deletion_are_projected() {
     assert!(event.executor_done && event.revoked);
     assert_eq!(event.deletion_unix_ms, Some(1_796_032_830_000));
     assert_eq!(event.status_reason, "ProviderFailed");
-    assert_eq!((event.terminated[0].exit_code, event.terminated[0].reason.as_str()), (137, "OOMKilled"));
+    assert_eq!(
+        (
+            event.terminated[0].exit_code,
+            event.terminated[0].reason.as_str()
+        ),
+        (137, "OOMKilled")
+    );
 }
 
 #[test]
 fn watch_json_shapes() {
     let event = |t: &str| json!({"type": t, "object": worker_pod()});
-    assert!(matches!(&read_value(event("DELETED"))[..], [WatchItem::Pod { event_type: EventType::Deleted, .. }]));
-    assert!(matches!(&read_value(worker_pod())[..], [WatchItem::Pod { event_type: EventType::Added, .. }]));
+    assert!(matches!(
+        &read_value(event("DELETED"))[..],
+        [WatchItem::Pod {
+            event_type: EventType::Deleted,
+            ..
+        }]
+    ));
+    assert!(matches!(
+        &read_value(worker_pod())[..],
+        [WatchItem::Pod {
+            event_type: EventType::Added,
+            ..
+        }]
+    ));
     let list = json!({"kind": "PodList", "items": [worker_pod(), worker_pod()]});
     assert_eq!(read_value(list).len(), 2);
     let bookmark = json!({"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}});
-    assert_eq!(read_value(bookmark), [WatchItem::Bookmark { resource_version: "9".into() }]);
+    assert_eq!(
+        read_value(bookmark),
+        [WatchItem::Bookmark {
+            resource_version: "9".into()
+        }]
+    );
     let gone = json!({"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}});
-    assert_eq!(read_value(gone), [WatchItem::WatchError { message: "too old resource version".into() }]);
-    for bad in [json!(1), json!({"kind": "Secret"}), json!({"type": "WHAT", "object": {}}), json!({"kind": "List"})] {
-        assert!(matches!(&read_value(bad.clone())[..], [WatchItem::Invalid { .. }]), "{bad}");
+    assert_eq!(
+        read_value(gone),
+        [WatchItem::WatchError {
+            message: "too old resource version".into()
+        }]
+    );
+    for bad in [
+        json!(1),
+        json!({"kind": "Secret"}),
+        json!({"type": "WHAT", "object": {}}),
+        json!({"kind": "List"}),
+    ] {
+        assert!(
+            matches!(&read_value(bad.clone())[..], [WatchItem::Invalid { .. }]),
+            "{bad}"
+        );
     }
 }
 
@@ -136,15 +214,39 @@ fn json_value() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
         "[a-zA-Z0-9 _.-]{0,12}".prop_map(Value::String),
-        prop_oneof![Just("Pending"), Just("Running"), Just("Failed"), Just("ProviderFailed"), Just("True"), Just("1")]
-            .prop_map(|s| json!(s)),
+        prop_oneof![
+            Just("Pending"),
+            Just("Running"),
+            Just("Failed"),
+            Just("ProviderFailed"),
+            Just("True"),
+            Just("1")
+        ]
+        .prop_map(|s| json!(s)),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
         let key = prop_oneof![
-            Just("metadata"), Just("labels"), Just("annotations"), Just("status"), Just("phase"), Just("uid"),
-            Just("airflow-worker"), Just("dag_id"), Just("task_id"), Just("try_number"), Just("run_id"),
-            Just("containerStatuses"), Just("state"), Just("waiting"), Just("reason"), Just("kind"), Just("type"),
-            Just("object"), Just("items"), Just("deletionTimestamp"), Just("name")
+            Just("metadata"),
+            Just("labels"),
+            Just("annotations"),
+            Just("status"),
+            Just("phase"),
+            Just("uid"),
+            Just("airflow-worker"),
+            Just("dag_id"),
+            Just("task_id"),
+            Just("try_number"),
+            Just("run_id"),
+            Just("containerStatuses"),
+            Just("state"),
+            Just("waiting"),
+            Just("reason"),
+            Just("kind"),
+            Just("type"),
+            Just("object"),
+            Just("items"),
+            Just("deletionTimestamp"),
+            Just("name")
         ];
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),

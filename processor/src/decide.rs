@@ -32,7 +32,7 @@ pub enum Decision {
         last_resource_version: String,
     },
     /// The event was applied.
-    Applied(Applied),
+    Applied(Box<Applied>),
 }
 
 /// The new state and the commands of an applied event.
@@ -60,13 +60,19 @@ impl Decision {
 
 /// Decides one event of one pod (semantics.md, in full).
 pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
-    let pod = event.pod.as_ref().filter(|p| !p.uid.is_empty()).ok_or(EventError::NoPod)?;
+    let pod = event
+        .pod
+        .as_ref()
+        .filter(|p| !p.uid.is_empty())
+        .ok_or(EventError::NoPod)?;
     let key = event.task.as_ref().ok_or(EventError::NoTask)?;
 
     if let Some(last) = &prior.pod
         && !is_newer(&event.resource_version, &last.resource_version)
     {
-        return Ok(Decision::Stale { last_resource_version: last.resource_version.clone() });
+        return Ok(Decision::Stale {
+            last_resource_version: last.resource_version.clone(),
+        });
     }
 
     let deleted = event.r#type() == EventType::Deleted;
@@ -78,8 +84,16 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
         gone: deleted,
     };
     // Revoked and done pods change no task state: only the order rule holds.
-    if matches!(outcome, Outcome::Ignored(Ignored::Revoked | Ignored::ExecutorDone)) {
-        return Ok(Decision::Applied(Applied { outcome, pod: pod_state, task: prior.task, commands: Vec::new() }));
+    if matches!(
+        outcome,
+        Outcome::Ignored(Ignored::Revoked | Ignored::ExecutorDone)
+    ) {
+        return Ok(Decision::Applied(Box::new(Applied {
+            outcome,
+            pod: pod_state,
+            task: prior.task,
+            commands: Vec::new(),
+        })));
     }
 
     let mut task = prior.task.unwrap_or_default();
@@ -91,8 +105,17 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
         && *from != event.owner
         && chosen_uid(&task) == Some(pod.uid.as_str())
     {
-        let transfer = Kind::Transfer(v1::Transfer { from: from.clone(), to: event.owner.clone() });
-        commands.push(command(key, pod, &event.owner, &event.resource_version, transfer));
+        let transfer = Kind::Transfer(v1::Transfer {
+            from: from.clone(),
+            to: event.owner.clone(),
+        });
+        commands.push(command(
+            key,
+            pod,
+            &event.owner,
+            &event.resource_version,
+            transfer,
+        ));
     }
     report_chosen(&mut task, key, &mut commands);
     if deleted {
@@ -102,12 +125,21 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
     report_duplicates(&mut task, key, event, pod, &mut commands);
 
     let task = (!task.candidates.is_empty()).then_some(task);
-    Ok(Decision::Applied(Applied { outcome, pod: pod_state, task, commands }))
+    Ok(Decision::Applied(Box::new(Applied {
+        outcome,
+        pod: pod_state,
+        task,
+        commands,
+    })))
 }
 
 /// Records the event's facts in the pod's candidate entry.
 fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) {
-    let entry = match task.candidates.iter_mut().position(|c| c.pod.uid == pod.uid) {
+    let entry = match task
+        .candidates
+        .iter_mut()
+        .position(|c| c.pod.uid == pod.uid)
+    {
         Some(at) => &mut task.candidates[at],
         None => {
             task.candidates.push(Candidate {
@@ -145,9 +177,14 @@ fn report_chosen(task: &mut TaskState, key: &TaskKey, commands: &mut Vec<Command
     if task.settled {
         return;
     }
-    let Some(at) = choose(&task.candidates) else { return };
+    let Some(at) = choose(&task.candidates) else {
+        return;
+    };
     let chosen = &mut task.candidates[at];
-    let repeat = chosen.reported.as_ref().is_some_and(|r| r.is_terminal() || r.same_fact(&chosen.current));
+    let repeat = chosen
+        .reported
+        .as_ref()
+        .is_some_and(|r| r.is_terminal() || r.same_fact(&chosen.current));
     if !chosen.current.is_reported() || repeat {
         return;
     }
@@ -159,23 +196,41 @@ fn report_chosen(task: &mut TaskState, key: &TaskKey, commands: &mut Vec<Command
         }),
         Outcome::Completed => Kind::Completed(v1::Completed {}),
         Outcome::Running => Kind::Running(v1::Running {}),
-        Outcome::Lost { reason } => Kind::Lost(v1::Lost { reason: reason.clone() }),
+        Outcome::Lost { reason } => Kind::Lost(v1::Lost {
+            reason: reason.clone(),
+        }),
         Outcome::Pending | Outcome::Ignored(_) => return,
     };
-    commands.push(command(key, &chosen.pod, &chosen.owner, &chosen.resource_version, kind));
+    commands.push(command(
+        key,
+        &chosen.pod,
+        &chosen.owner,
+        &chosen.resource_version,
+        kind,
+    ));
     task.settled = chosen.current.is_terminal();
     chosen.reported = Some(chosen.current.clone());
 }
 
 /// Emits a duplicate record when the set of pods of the TI, or the chosen
 /// one, differs from the last record.
-fn report_duplicates(task: &mut TaskState, key: &TaskKey, event: &PodEvent, pod: &PodRef, commands: &mut Vec<Command>) {
+fn report_duplicates(
+    task: &mut TaskState,
+    key: &TaskKey,
+    event: &PodEvent,
+    pod: &PodRef,
+    commands: &mut Vec<Command>,
+) {
     let Some(at) = choose(&task.candidates).filter(|_| task.candidates.len() > 1) else {
         task.duplicate_reported = None;
         return;
     };
     let chosen = &task.candidates[at];
-    let mut others: Vec<&Candidate> = task.candidates.iter().filter(|c| c.pod.uid != chosen.pod.uid).collect();
+    let mut others: Vec<&Candidate> = task
+        .candidates
+        .iter()
+        .filter(|c| c.pod.uid != chosen.pod.uid)
+        .collect();
     others.sort_by(|a, b| precedence(a, b));
     let mut signature: Vec<String> = others.iter().map(|c| c.pod.uid.clone()).collect();
     signature.sort();
@@ -187,11 +242,23 @@ fn report_duplicates(task: &mut TaskState, key: &TaskKey, event: &PodEvent, pod:
         chosen: Some(chosen.pod.clone()),
         others: others.iter().map(|c| c.pod.clone()).collect(),
     });
-    commands.push(command(key, pod, &event.owner, &event.resource_version, duplicate));
+    commands.push(command(
+        key,
+        pod,
+        &event.owner,
+        &event.resource_version,
+        duplicate,
+    ));
     task.duplicate_reported = Some(signature);
 }
 
-fn command(key: &TaskKey, pod: &PodRef, owner: &str, resource_version: &str, kind: Kind) -> Command {
+fn command(
+    key: &TaskKey,
+    pod: &PodRef,
+    owner: &str,
+    resource_version: &str,
+    kind: Kind,
+) -> Command {
     Command {
         id: command_id(&pod.uid, resource_version, kind.name()),
         task: Some(key.clone()),

@@ -33,7 +33,11 @@ mod tests {
             ("5", "", true),
         ];
         for (candidate, last, newer) in cases {
-            assert_eq!(is_newer(candidate, last), newer, "is_newer({candidate:?}, {last:?})");
+            assert_eq!(
+                is_newer(candidate, last),
+                newer,
+                "is_newer({candidate:?}, {last:?})"
+            );
         }
     }
 }

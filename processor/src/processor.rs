@@ -44,7 +44,9 @@ impl<S: StateStore> Processor<S> {
         let key = event.task.as_ref().ok_or(EventError::NoTask)?;
         let prior = self.store.load(&pod.uid, key).map_err(HandleError::Store)?;
         let applied = match decide(&self.rules, event, prior)? {
-            Decision::Stale { last_resource_version } => {
+            Decision::Stale {
+                last_resource_version,
+            } => {
                 debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner,
                     resource_version = %event.resource_version, %last_resource_version, "stale event, nothing to do");
                 return Ok(Vec::new());

@@ -56,7 +56,7 @@ impl Rules {
         if waiting.reason == "ErrImagePull" && waiting.message == PULL_QPS_EXCEEDED {
             return false;
         }
-        self.fatal_reasons.iter().any(|r| *r == waiting.reason)
+        self.fatal_reasons.contains(&waiting.reason)
     }
 
     /// What `event` says about its task instance (semantics.md, rows 1–10,
@@ -76,26 +76,45 @@ impl Rules {
             return Outcome::Ignored(Ignored::LeftSelector);
         }
         if event.status_reason == "ProviderFailed" {
-            return Outcome::Fail(Failure::new("provider_failed", "status.reason is ProviderFailed", event));
+            return Outcome::Fail(Failure::new(
+                "provider_failed",
+                "status.reason is ProviderFailed",
+                event,
+            ));
         }
         match event.phase() {
-            Phase::Pending if really_deleted => Outcome::Lost { reason: "deleted_while_pending".to_owned() },
+            Phase::Pending if really_deleted => Outcome::Lost {
+                reason: "deleted_while_pending".to_owned(),
+            },
             Phase::Pending => {
-                let checked = event.init_waiting.iter().chain(event.first_app_waiting.as_ref());
+                let checked = event
+                    .init_waiting
+                    .iter()
+                    .chain(event.first_app_waiting.as_ref());
                 match checked.into_iter().find(|w| self.is_fatal(w)) {
                     Some(w) => Outcome::Fail(Failure::new(
                         format!("fatal_pending:{}", w.reason),
-                        format!("container {} waiting: {} {}", w.container, w.reason, w.message).trim_end(),
+                        format!(
+                            "container {} waiting: {} {}",
+                            w.container, w.reason, w.message
+                        )
+                        .trim_end(),
                         event,
                     )),
                     None => Outcome::Pending,
                 }
             }
-            Phase::Failed => Outcome::Fail(Failure::new("pod_failed", exit_summary(&event.terminated), event)),
+            Phase::Failed => Outcome::Fail(Failure::new(
+                "pod_failed",
+                exit_summary(&event.terminated),
+                event,
+            )),
             Phase::Succeeded => Outcome::Completed,
-            Phase::Running if really_deleted => {
-                Outcome::Fail(Failure::new("deleted_while_running", "pod deleted while running", event))
-            }
+            Phase::Running if really_deleted => Outcome::Fail(Failure::new(
+                "deleted_while_running",
+                "pod deleted while running",
+                event,
+            )),
             Phase::Running => Outcome::Running,
             Phase::Unknown | Phase::Unspecified => Outcome::Ignored(Ignored::UnknownPhase),
         }
@@ -126,12 +145,18 @@ impl Outcome {
     /// Whether the task instance can no longer be driven by this pod after
     /// reporting this outcome.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Outcome::Fail(_) | Outcome::Completed | Outcome::Lost { .. })
+        matches!(
+            self,
+            Outcome::Fail(_) | Outcome::Completed | Outcome::Lost { .. }
+        )
     }
 
     /// Whether this outcome is reported as a command.
     pub fn is_reported(&self) -> bool {
-        matches!(self, Outcome::Fail(_) | Outcome::Completed | Outcome::Running | Outcome::Lost { .. })
+        matches!(
+            self,
+            Outcome::Fail(_) | Outcome::Completed | Outcome::Running | Outcome::Lost { .. }
+        )
     }
 
     /// Whether two outcomes state the same fact (a fail is a fail, whatever
@@ -154,7 +179,11 @@ pub struct Failure {
 
 impl Failure {
     fn new(reason: impl Into<String>, detail: impl Into<String>, event: &PodEvent) -> Self {
-        Failure { reason: reason.into(), detail: detail.into(), terminated: event.terminated.clone() }
+        Failure {
+            reason: reason.into(),
+            detail: detail.into(),
+            terminated: event.terminated.clone(),
+        }
     }
 }
 

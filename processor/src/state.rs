@@ -90,7 +90,13 @@ pub trait StateStore {
 
     /// Stores the state after an event; `task == None` removes the TI's
     /// record (no pod maps to it any more).
-    fn save(&mut self, uid: &str, pod: &PodState, key: &TaskKey, task: Option<&TaskState>) -> Result<(), Self::Error>;
+    fn save(
+        &mut self,
+        uid: &str,
+        pod: &PodState,
+        key: &TaskKey,
+        task: Option<&TaskState>,
+    ) -> Result<(), Self::Error>;
 }
 
 /// A [`StateStore`] in process memory.
@@ -121,10 +127,19 @@ impl StateStore for MemoryStore {
     type Error = Infallible;
 
     fn load(&self, uid: &str, task: &TaskKey) -> Result<Prior, Infallible> {
-        Ok(Prior { pod: self.pods.get(uid).cloned(), task: self.tasks.get(task).cloned() })
+        Ok(Prior {
+            pod: self.pods.get(uid).cloned(),
+            task: self.tasks.get(task).cloned(),
+        })
     }
 
-    fn save(&mut self, uid: &str, pod: &PodState, key: &TaskKey, task: Option<&TaskState>) -> Result<(), Infallible> {
+    fn save(
+        &mut self,
+        uid: &str,
+        pod: &PodState,
+        key: &TaskKey,
+        task: Option<&TaskState>,
+    ) -> Result<(), Infallible> {
         self.pods.insert(uid.to_owned(), pod.clone());
         match task {
             Some(task) => {

@@ -2,6 +2,9 @@
 //! for one task instance. Each case is a story of events and the commands it
 //! must produce, in order.
 
+// Test code: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use podstream_proto::v1::EventType::{Added, Deleted, Modified};
@@ -91,29 +94,62 @@ fn stories() {
     for (story, events, expected) in stories {
         let got = run(&events);
         if got != expected {
-            wrong.push(format!("{story}:\n  expected {expected:?}\n  got      {got:?}"));
+            wrong.push(format!(
+                "{story}:\n  expected {expected:?}\n  got      {got:?}"
+            ));
         }
     }
-    assert!(wrong.is_empty(), "stories that disagree with semantics.md:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "stories that disagree with semantics.md:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
 fn command_ids_are_deterministic_and_distinct() {
-    let events = [ev(Modified, Running, "a", 2), ev(Modified, Running, "a", 3).owner("2"), ev(Modified, Failed, "a", 4).owner("2")];
+    let events = [
+        ev(Modified, Running, "a", 2),
+        ev(Modified, Running, "a", 3).owner("2"),
+        ev(Modified, Failed, "a", 4).owner("2"),
+    ];
     let ids = |events: &[_]| {
-        let mut p = podstream_processor::Processor::new(Default::default(), podstream_processor::MemoryStore::default());
-        events.iter().flat_map(|e| p.handle(e).unwrap()).map(|c| c.id).collect::<Vec<_>>()
+        let mut p = podstream_processor::Processor::new(
+            Default::default(),
+            podstream_processor::MemoryStore::default(),
+        );
+        events
+            .iter()
+            .flat_map(|e| p.handle(e).unwrap())
+            .map(|c| c.id)
+            .collect::<Vec<_>>()
     };
     let first = ids(&events);
     assert_eq!(first, ids(&events));
-    assert_eq!(first, ["uid-a:2:running", "uid-a:3:transfer", "uid-a:4:fail"]);
+    assert_eq!(
+        first,
+        ["uid-a:2:running", "uid-a:3:transfer", "uid-a:4:fail"]
+    );
 }
 
 #[test]
 fn malformed_events_are_typed_errors() {
-    let mut p = podstream_processor::Processor::new(Default::default(), podstream_processor::MemoryStore::default());
+    let mut p = podstream_processor::Processor::new(
+        Default::default(),
+        podstream_processor::MemoryStore::default(),
+    );
     let no_pod = ev(Modified, Running, "a", 1).with(|e| e.pod = None);
     let no_task = ev(Modified, Running, "a", 1).with(|e| e.task = None);
-    assert!(matches!(p.handle(&no_pod), Err(podstream_processor::HandleError::Event(podstream_processor::EventError::NoPod))));
-    assert!(matches!(p.handle(&no_task), Err(podstream_processor::HandleError::Event(podstream_processor::EventError::NoTask))));
+    assert!(matches!(
+        p.handle(&no_pod),
+        Err(podstream_processor::HandleError::Event(
+            podstream_processor::EventError::NoPod
+        ))
+    ));
+    assert!(matches!(
+        p.handle(&no_task),
+        Err(podstream_processor::HandleError::Event(
+            podstream_processor::EventError::NoTask
+        ))
+    ));
 }

@@ -1,6 +1,9 @@
 //! Properties of the core over generated stories: determinism of the
 //! duplicate choice, idempotence under redelivery and replay, no panics.
 
+// Test code: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use podstream_processor::duplicates::choose;
@@ -21,7 +24,11 @@ fn phase() -> impl Strategy<Value = Phase> {
 }
 
 fn event_type() -> impl Strategy<Value = EventType> {
-    prop_oneof![Just(EventType::Added), Just(EventType::Modified), Just(EventType::Deleted)]
+    prop_oneof![
+        Just(EventType::Added),
+        Just(EventType::Modified),
+        Just(EventType::Deleted)
+    ]
 }
 
 /// One pod's facts for a duplicate set: (phase, terminating, created second, name).
@@ -33,36 +40,52 @@ fn pod_facts() -> impl Strategy<Value = (Phase, bool, i64, String)> {
 /// resourceVersions, as etcd gives them.
 fn story() -> impl Strategy<Value = Vec<PodEvent>> {
     prop::collection::vec(
-        (0usize..3, event_type(), phase(), any::<bool>(), prop_oneof![Just("1"), Just("2")], any::<bool>(), 0u8..8),
+        (
+            0usize..3,
+            event_type(),
+            phase(),
+            any::<bool>(),
+            prop_oneof![Just("1"), Just("2")],
+            any::<bool>(),
+            0u8..8,
+        ),
         1..25,
     )
     .prop_map(|steps| {
         steps
             .into_iter()
             .enumerate()
-            .map(|(at, (pod, kind, phase, deleting, owner, revoked, extra))| {
-                let name = ["a", "b", "c"][pod];
-                let mut event = ev(kind, phase, name, at as u64 + 1).owner(owner).created(pod as i64 * 1_000);
-                if deleting {
-                    event = event.deleting();
-                }
-                if revoked && extra == 0 {
-                    event = event.revoked();
-                }
-                match extra {
-                    1 => event.reason("ProviderFailed"),
-                    2 => event.app_waiting("ErrImagePull", "not found"),
-                    3 => event.synthesized(),
-                    _ => event,
-                }
-            })
+            .map(
+                |(at, (pod, kind, phase, deleting, owner, revoked, extra))| {
+                    let name = ["a", "b", "c"][pod];
+                    let mut event = ev(kind, phase, name, at as u64 + 1)
+                        .owner(owner)
+                        .created(pod as i64 * 1_000);
+                    if deleting {
+                        event = event.deleting();
+                    }
+                    if revoked && extra == 0 {
+                        event = event.revoked();
+                    }
+                    match extra {
+                        1 => event.reason("ProviderFailed"),
+                        2 => event.app_waiting("ErrImagePull", "not found"),
+                        3 => event.synthesized(),
+                        _ => event,
+                    }
+                },
+            )
             .collect()
     })
 }
 
 fn commands(events: &[PodEvent]) -> Vec<String> {
     let mut processor = Processor::new(Rules::default(), MemoryStore::default());
-    events.iter().flat_map(|e| processor.handle(e).unwrap()).map(|c| describe(&c)).collect()
+    events
+        .iter()
+        .flat_map(|e| processor.handle(e).unwrap())
+        .map(|c| describe(&c))
+        .collect()
 }
 
 proptest! {
@@ -153,14 +176,22 @@ proptest! {
 fn precedence_is_a_total_order_over_distinct_pods() {
     // Two pods equal in every fact but the uid: the last uid wins, both ways.
     let a = ev(EventType::Added, Phase::Running, "same", 1);
-    let b = ev(EventType::Added, Phase::Running, "same", 2)
-        .with(|e| e.pod = Some(PodRef { namespace: "airflow".into(), name: "same".into(), uid: "uid-zzz".into() }));
+    let b = ev(EventType::Added, Phase::Running, "same", 2).with(|e| {
+        e.pod = Some(PodRef {
+            namespace: "airflow".into(),
+            name: "same".into(),
+            uid: "uid-zzz".into(),
+        })
+    });
     for events in [[a.clone(), b.clone()], [b, a]] {
         let mut processor = Processor::new(Rules::default(), MemoryStore::default());
         for e in &events {
             processor.handle(e).unwrap();
         }
         let task = processor.store().task(&ti(1)).cloned().unwrap();
-        assert_eq!(task.candidates[choose(&task.candidates).unwrap()].pod.uid, "uid-zzz");
+        assert_eq!(
+            task.candidates[choose(&task.candidates).unwrap()].pod.uid,
+            "uid-zzz"
+        );
     }
 }

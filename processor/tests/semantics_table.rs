@@ -1,6 +1,9 @@
 //! semantics.md "Phase and deletion → task outcome", one case per row and
 //! per edge the issue names. Each case is one event on a fresh pod.
 
+// Test code: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use podstream_processor::{Ignored, Outcome, Rules};
@@ -90,15 +93,23 @@ fn phase_and_deletion_table() {
             wrong.push(format!("{case}: expected {expected}, got {got}"));
         }
     }
-    assert!(wrong.is_empty(), "rows that disagree with semantics.md:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "rows that disagree with semantics.md:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
 fn fatal_reasons_are_configurable_and_trimmed() {
     let event = ev(Modified, Pending, "p", 1).app_waiting("InvalidImageName", "");
     // Airflow's historical default: a leading space hid InvalidImageName.
-    let airflow_default = Rules::from_comma_list("CreateContainerConfigError, ErrImagePull, InvalidImageName");
-    assert_eq!(word(&airflow_default.outcome(&event)), "fail:fatal_pending:InvalidImageName");
+    let airflow_default =
+        Rules::from_comma_list("CreateContainerConfigError, ErrImagePull, InvalidImageName");
+    assert_eq!(
+        word(&airflow_default.outcome(&event)),
+        "fail:fatal_pending:InvalidImageName"
+    );
     assert_eq!(airflow_default.fatal_reasons()[2], "InvalidImageName");
 
     let without = Rules::from_comma_list("ErrImagePull,,");
@@ -109,7 +120,9 @@ fn fatal_reasons_are_configurable_and_trimmed() {
 #[test]
 fn pod_failed_names_exit_codes_and_reasons() {
     let event = ev(Modified, Failed, "p", 1).exited(137, "OOMKilled");
-    let Outcome::Fail(failure) = Rules::default().outcome(&event) else { panic!("not a fail") };
+    let Outcome::Fail(failure) = Rules::default().outcome(&event) else {
+        panic!("not a fail")
+    };
     assert_eq!(failure.detail, "base exited 137 (OOMKilled)");
     assert_eq!(failure.terminated.len(), 1);
 }

@@ -75,14 +75,23 @@ pub enum LineError {
 impl CommandLine {
     /// An `invalid` line: input that is not JSON, not a pod, or not usable.
     pub fn invalid(error: impl Into<String>, pod: Option<PodRef>) -> Self {
-        CommandLine { kind: "invalid".to_owned(), pod, error: Some(error.into()), ..CommandLine::default() }
+        CommandLine {
+            kind: "invalid".to_owned(),
+            pod,
+            error: Some(error.into()),
+            ..CommandLine::default()
+        }
     }
 }
 
 impl From<&Command> for CommandLine {
     fn from(command: &Command) -> Self {
         let mut line = CommandLine {
-            kind: command.kind.as_ref().map_or("invalid", Kind::name).to_owned(),
+            kind: command
+                .kind
+                .as_ref()
+                .map_or("invalid", Kind::name)
+                .to_owned(),
             ti: command.task.clone(),
             pod: command.pod.clone(),
             owner: Some(command.owner.clone()),
@@ -116,7 +125,11 @@ impl TryFrom<CommandLine> for Command {
     type Error = LineError;
 
     fn try_from(line: CommandLine) -> Result<Self, LineError> {
-        fn need<T>(value: Option<T>, kind: &'static str, field: &'static str) -> Result<T, LineError> {
+        fn need<T>(
+            value: Option<T>,
+            kind: &'static str,
+            field: &'static str,
+        ) -> Result<T, LineError> {
             value.ok_or(LineError::Missing { kind, field })
         }
         let kind = match line.kind.as_str() {
@@ -127,7 +140,9 @@ impl TryFrom<CommandLine> for Command {
             }),
             "completed" => Kind::Completed(v1::Completed {}),
             "running" => Kind::Running(v1::Running {}),
-            "lost" => Kind::Lost(v1::Lost { reason: need(line.reason, "lost", "reason")? }),
+            "lost" => Kind::Lost(v1::Lost {
+                reason: need(line.reason, "lost", "reason")?,
+            }),
             "transfer" => Kind::Transfer(v1::Transfer {
                 from: need(line.from, "transfer", "from")?,
                 to: need(line.to, "transfer", "to")?,
@@ -163,7 +178,11 @@ mod tests {
     use serde_json::json;
 
     fn pod(name: &str) -> PodRef {
-        PodRef { namespace: "airflow".into(), name: name.into(), uid: format!("uid-{name}") }
+        PodRef {
+            namespace: "airflow".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }
     }
 
     fn command(kind: Kind) -> Command {
@@ -186,7 +205,10 @@ mod tests {
 
     #[test]
     fn fields_and_values_match_the_contract() {
-        let fail = command(Kind::Fail(v1::Fail { reason: "pod_failed".into(), ..Default::default() }));
+        let fail = command(Kind::Fail(v1::Fail {
+            reason: "pod_failed".into(),
+            ..Default::default()
+        }));
         let value = serde_json::to_value(CommandLine::from(&fail)).unwrap();
         assert_eq!(value["kind"], "fail");
         assert_eq!(value["reason"], "pod_failed");
@@ -195,13 +217,29 @@ mod tests {
             value["ti"],
             json!({"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": -1, "try_number": 1})
         );
-        assert_eq!(value["pod"], json!({"namespace": "airflow", "name": "p", "uid": "uid-p"}));
+        assert_eq!(
+            value["pod"],
+            json!({"namespace": "airflow", "name": "p", "uid": "uid-p"})
+        );
 
-        let transfer = command(Kind::Transfer(v1::Transfer { from: "1".into(), to: "2".into() }));
+        let transfer = command(Kind::Transfer(v1::Transfer {
+            from: "1".into(),
+            to: "2".into(),
+        }));
         let value = serde_json::to_value(CommandLine::from(&transfer)).unwrap();
-        assert_eq!((value["kind"].as_str(), value["from"].as_str(), value["to"].as_str()), (Some("transfer"), Some("1"), Some("2")));
+        assert_eq!(
+            (
+                value["kind"].as_str(),
+                value["from"].as_str(),
+                value["to"].as_str()
+            ),
+            (Some("transfer"), Some("1"), Some("2"))
+        );
 
-        let duplicate = command(Kind::Duplicate(v1::Duplicate { chosen: Some(pod("a")), others: vec![pod("b")] }));
+        let duplicate = command(Kind::Duplicate(v1::Duplicate {
+            chosen: Some(pod("a")),
+            others: vec![pod("b")],
+        }));
         let value = serde_json::to_value(CommandLine::from(&duplicate)).unwrap();
         assert_eq!(value["chosen"]["name"], "a");
         assert_eq!(value["others"][0]["name"], "b");
@@ -213,18 +251,31 @@ mod tests {
             Kind::Fail(v1::Fail {
                 reason: "pod_failed".into(),
                 detail: "base exited 1".into(),
-                terminated: vec![ContainerTerminated { container: "base".into(), exit_code: 1, reason: "Error".into() }],
+                terminated: vec![ContainerTerminated {
+                    container: "base".into(),
+                    exit_code: 1,
+                    reason: "Error".into(),
+                }],
             }),
             Kind::Completed(v1::Completed {}),
             Kind::Running(v1::Running {}),
-            Kind::Lost(v1::Lost { reason: "deleted_while_pending".into() }),
-            Kind::Transfer(v1::Transfer { from: "1".into(), to: "2".into() }),
-            Kind::Duplicate(v1::Duplicate { chosen: Some(pod("a")), others: vec![pod("b"), pod("c")] }),
+            Kind::Lost(v1::Lost {
+                reason: "deleted_while_pending".into(),
+            }),
+            Kind::Transfer(v1::Transfer {
+                from: "1".into(),
+                to: "2".into(),
+            }),
+            Kind::Duplicate(v1::Duplicate {
+                chosen: Some(pod("a")),
+                others: vec![pod("b"), pod("c")],
+            }),
         ];
         for kind in kinds {
             let original = command(kind);
             let text = serde_json::to_string(&CommandLine::from(&original)).unwrap();
-            let back = Command::try_from(serde_json::from_str::<CommandLine>(&text).unwrap()).unwrap();
+            let back =
+                Command::try_from(serde_json::from_str::<CommandLine>(&text).unwrap()).unwrap();
             assert_eq!(back, original, "{text}");
         }
     }
@@ -232,10 +283,28 @@ mod tests {
     #[test]
     fn lines_that_are_not_commands_are_refused_with_the_reason() {
         let invalid = CommandLine::invalid("not a pod", None);
-        assert_eq!(Command::try_from(invalid), Err(LineError::Invalid("not a pod".into())));
-        let unknown = CommandLine { kind: "explode".into(), ..Default::default() };
-        assert_eq!(Command::try_from(unknown), Err(LineError::UnknownKind("explode".into())));
-        let no_reason = CommandLine { kind: "fail".into(), ..Default::default() };
-        assert_eq!(Command::try_from(no_reason), Err(LineError::Missing { kind: "fail", field: "reason" }));
+        assert_eq!(
+            Command::try_from(invalid),
+            Err(LineError::Invalid("not a pod".into()))
+        );
+        let unknown = CommandLine {
+            kind: "explode".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            Command::try_from(unknown),
+            Err(LineError::UnknownKind("explode".into()))
+        );
+        let no_reason = CommandLine {
+            kind: "fail".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            Command::try_from(no_reason),
+            Err(LineError::Missing {
+                kind: "fail",
+                field: "reason"
+            })
+        );
     }
 }

@@ -46,7 +46,9 @@ pub enum TokenError {
         token: String,
     },
     /// A subject prefix that is not a sequence of valid tokens.
-    #[error("subject prefix {prefix:?} is not valid: use tokens of letters, digits, '-' and '_' separated by '.'")]
+    #[error(
+        "subject prefix {prefix:?} is not valid: use tokens of letters, digits, '-' and '_' separated by '.'"
+    )]
     BadPrefix {
         /// The prefix as configured.
         prefix: String,
@@ -91,19 +93,31 @@ pub fn decode_token(token: &str) -> Result<String, TokenError> {
             let hex = bytes
                 .get(at + 1..at + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
-                .filter(|h| h.bytes().all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b)))
+                .filter(|h| {
+                    h.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+                })
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| TokenError::BadEscape { token: token.to_owned(), at })?;
+                .ok_or_else(|| TokenError::BadEscape {
+                    token: token.to_owned(),
+                    at,
+                })?;
             out.push(hex);
             at += 3;
         } else if is_plain(byte) {
             out.push(byte);
             at += 1;
         } else {
-            return Err(TokenError::BadByte { token: token.to_owned(), at, byte });
+            return Err(TokenError::BadByte {
+                token: token.to_owned(),
+                at,
+                byte,
+            });
         }
     }
-    String::from_utf8(out).map_err(|_| TokenError::NotUtf8 { token: token.to_owned() })
+    String::from_utf8(out).map_err(|_| TokenError::NotUtf8 {
+        token: token.to_owned(),
+    })
 }
 
 /// The pipeline stage that dead-lettered a message.
@@ -136,18 +150,27 @@ pub struct Subjects {
 
 impl Default for Subjects {
     fn default() -> Self {
-        Subjects { prefix: DEFAULT_PREFIX.to_owned() }
+        Subjects {
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
     }
 }
 
 impl Subjects {
     /// Subjects under `prefix`, which must be `.`-separated plain tokens.
     pub fn new(prefix: &str) -> Result<Self, TokenError> {
-        let valid = !prefix.is_empty() && prefix.split('.').all(|t| !t.is_empty() && t.bytes().all(is_plain));
+        let valid = !prefix.is_empty()
+            && prefix
+                .split('.')
+                .all(|t| !t.is_empty() && t.bytes().all(is_plain));
         if !valid {
-            return Err(TokenError::BadPrefix { prefix: prefix.to_owned() });
+            return Err(TokenError::BadPrefix {
+                prefix: prefix.to_owned(),
+            });
         }
-        Ok(Subjects { prefix: prefix.to_owned() })
+        Ok(Subjects {
+            prefix: prefix.to_owned(),
+        })
     }
 
     /// The prefix these subjects live under.
@@ -157,12 +180,22 @@ impl Subjects {
 
     /// `<prefix>.pods.<owner>.<uid>`: one pod's events while `owner` owns it.
     pub fn pod_events(&self, owner: &str, uid: &str) -> String {
-        format!("{}.pods.{}.{}", self.prefix, encode_token(owner), encode_token(uid))
+        format!(
+            "{}.pods.{}.{}",
+            self.prefix,
+            encode_token(owner),
+            encode_token(uid)
+        )
     }
 
     /// `<prefix>.commands.<owner>.<uid>`: commands decided from one pod's events.
     pub fn commands(&self, owner: &str, uid: &str) -> String {
-        format!("{}.commands.{}.{}", self.prefix, encode_token(owner), encode_token(uid))
+        format!(
+            "{}.commands.{}.{}",
+            self.prefix,
+            encode_token(owner),
+            encode_token(uid)
+        )
     }
 
     /// `<prefix>.pods.<owner>.*`, or `<prefix>.pods.>` for every owner.
@@ -207,7 +240,9 @@ mod tests {
     /// What nats-server accepts as one token of a published subject.
     fn is_one_valid_token(token: &str) -> bool {
         !token.is_empty()
-            && token.bytes().all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
+            && token
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
     }
 
     #[test]
@@ -215,7 +250,10 @@ mod tests {
         let long = "a".repeat(63);
         let cases: &[(&str, &str)] = &[
             ("42", "42"),
-            ("b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10", "b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10"),
+            (
+                "b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10",
+                "b7f1c9a0-5d2e-4c1f-9a3b-0e6f7d8c9b10",
+            ),
             ("team.a", "team~2Ea"),
             ("*", "~2A"),
             (">", "~3E"),
@@ -227,16 +265,32 @@ mod tests {
         ];
         for (value, token) in cases {
             assert_eq!(encode_token(value), *token, "encoding {value:?}");
-            assert_eq!(decode_token(token).as_deref(), Ok(*value), "decoding {token:?}");
+            assert_eq!(
+                decode_token(token).as_deref(),
+                Ok(*value),
+                "decoding {token:?}"
+            );
         }
     }
 
     #[test]
     fn decoding_rejects_what_encoding_never_makes() {
-        assert!(matches!(decode_token("a.b"), Err(TokenError::BadByte { .. })));
-        assert!(matches!(decode_token("~2"), Err(TokenError::BadEscape { .. })));
-        assert!(matches!(decode_token("~2e"), Err(TokenError::BadEscape { .. })));
-        assert!(matches!(decode_token("~FF"), Err(TokenError::NotUtf8 { .. })));
+        assert!(matches!(
+            decode_token("a.b"),
+            Err(TokenError::BadByte { .. })
+        ));
+        assert!(matches!(
+            decode_token("~2"),
+            Err(TokenError::BadEscape { .. })
+        ));
+        assert!(matches!(
+            decode_token("~2e"),
+            Err(TokenError::BadEscape { .. })
+        ));
+        assert!(matches!(
+            decode_token("~FF"),
+            Err(TokenError::NotUtf8 { .. })
+        ));
     }
 
     #[test]
@@ -248,7 +302,10 @@ mod tests {
         assert_eq!(s.pod_events_filter(None), "podstream.pods.>");
         assert_eq!(s.commands_filter(None), "podstream.commands.>");
         assert_eq!(s.dead_letters(Stage::Sink), "podstream.dead.sink");
-        assert_eq!(s.parse("podstream.pods.a~2Eb.u-1"), Some(("a.b".into(), "u-1".into())));
+        assert_eq!(
+            s.parse("podstream.pods.a~2Eb.u-1"),
+            Some(("a.b".into(), "u-1".into()))
+        );
         assert_eq!(s.parse("podstream.dead.sink"), None);
         assert_eq!(s.parse("other.pods.1.u"), None);
     }

@@ -15,7 +15,11 @@ impl TaskKey {
 
 impl fmt::Display for TaskKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let run = if self.is_complete() { &self.run_id } else { &self.logical_date };
+        let run = if self.is_complete() {
+            &self.run_id
+        } else {
+            &self.logical_date
+        };
         write!(f, "{}/{}/{}", self.dag_id, self.task_id, run)?;
         if self.map_index >= 0 {
             write!(f, "[{}]", self.map_index)?;
@@ -65,7 +69,11 @@ mod tests {
             run_id: run_id.into(),
             map_index,
             try_number: 2,
-            logical_date: if run_id.is_empty() { "2024-01-01T00:00:00+00:00".into() } else { String::new() },
+            logical_date: if run_id.is_empty() {
+                "2024-01-01T00:00:00+00:00".into()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -73,7 +81,10 @@ mod tests {
     fn display_names_run_map_index_and_try() {
         assert_eq!(key("manual__1", -1).to_string(), "etl/load/manual__1#2");
         assert_eq!(key("manual__1", 3).to_string(), "etl/load/manual__1[3]#2");
-        assert_eq!(key("", -1).to_string(), "etl/load/2024-01-01T00:00:00+00:00#2");
+        assert_eq!(
+            key("", -1).to_string(),
+            "etl/load/2024-01-01T00:00:00+00:00#2"
+        );
     }
 
     #[test]
@@ -84,8 +95,17 @@ mod tests {
 
     #[test]
     fn command_id_is_deterministic_and_kind_specific() {
-        assert_eq!(command_id("u1", "42", "fail"), command_id("u1", "42", "fail"));
-        assert_ne!(command_id("u1", "42", "fail"), command_id("u1", "42", "transfer"));
-        assert_ne!(command_id("u1", "42", "fail"), command_id("u1", "43", "fail"));
+        assert_eq!(
+            command_id("u1", "42", "fail"),
+            command_id("u1", "42", "fail")
+        );
+        assert_ne!(
+            command_id("u1", "42", "fail"),
+            command_id("u1", "42", "transfer")
+        );
+        assert_ne!(
+            command_id("u1", "42", "fail"),
+            command_id("u1", "43", "fail")
+        );
     }
 }

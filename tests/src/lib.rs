@@ -8,12 +8,17 @@ use std::sync::OnceLock;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }
 
 /// The `podstream` binary: `$PODSTREAM_BIN` when set, otherwise built once
@@ -29,11 +34,22 @@ pub fn podstream_binary() -> &'static Path {
         }
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "podstream-cli", "--bin", "podstream"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "podstream-cli",
+                "--bin",
+                "podstream",
+            ])
             .current_dir(workspace_root())
             .status();
-        assert!(matches!(status, Ok(s) if s.success()), "cannot build the podstream binary: {status:?}");
-        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "cannot build the podstream binary: {status:?}"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| workspace_root().join("target"), PathBuf::from);
         target.join("debug").join("podstream")
     })
 }

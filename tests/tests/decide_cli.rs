@@ -1,6 +1,9 @@
 //! `podstream decide` end to end through the built binary (contract.md §1),
 //! on the seed stories in `tests/fixtures/`.
 
+// Test code: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -10,8 +13,16 @@ use podstream_tests::{fixture, podstream_binary, workspace_root};
 use serde_json::Value;
 
 fn decide_file(name: &str) -> Output {
-    let output = Command::new(podstream_binary()).arg("decide").arg(fixture(name)).output().unwrap();
-    assert!(output.status.success(), "decide {name} failed: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(podstream_binary())
+        .arg("decide")
+        .arg(fixture(name))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "decide {name} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     output
 }
 
@@ -20,7 +31,9 @@ fn lines(output: &Output) -> Vec<Value> {
     String::from_utf8(output.stdout.clone())
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
+        })
         .collect()
 }
 
@@ -29,7 +42,11 @@ fn kinds(lines: &[Value]) -> Vec<&str> {
 }
 
 fn expected(name: &str) -> Vec<Value> {
-    std::fs::read_to_string(fixture(name)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(fixture(name))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -37,12 +54,25 @@ fn fixtures_give_their_reviewed_output() {
     for (input, output) in [
         ("seed_000_relabel.jsonl", "seed_000_relabel.expected.jsonl"),
         ("graceful_delete.jsonl", "graceful_delete.expected.jsonl"),
-        ("seed_003_duplicates.jsonl", "seed_003_duplicates.expected.jsonl"),
-        ("seed_001_restart_relist.json", "seed_001_restart_relist.expected.jsonl"),
-        ("failure_and_success.jsonl", "failure_and_success.expected.jsonl"),
+        (
+            "seed_003_duplicates.jsonl",
+            "seed_003_duplicates.expected.jsonl",
+        ),
+        (
+            "seed_001_restart_relist.json",
+            "seed_001_restart_relist.expected.jsonl",
+        ),
+        (
+            "failure_and_success.jsonl",
+            "failure_and_success.expected.jsonl",
+        ),
         ("malformed.jsonl", "malformed.expected.jsonl"),
     ] {
-        assert_eq!(lines(&decide_file(input)), expected(output), "decide {input}");
+        assert_eq!(
+            lines(&decide_file(input)),
+            expected(output),
+            "decide {input}"
+        );
     }
 }
 
@@ -50,10 +80,19 @@ fn fixtures_give_their_reviewed_output() {
 fn seed_000_relabel_is_one_transfer_and_no_fail() {
     let out = lines(&decide_file("seed_000_relabel.jsonl"));
     assert_eq!(kinds(&out), ["running", "transfer", "completed"]);
-    assert_eq!((out[1]["from"].as_str(), out[1]["to"].as_str()), (Some("1"), Some("2")));
-    assert_eq!(out[2]["owner"], "2", "completion is reported under the new owner");
+    assert_eq!(
+        (out[1]["from"].as_str(), out[1]["to"].as_str()),
+        (Some("1"), Some("2"))
+    );
+    assert_eq!(
+        out[2]["owner"], "2",
+        "completion is reported under the new owner"
+    );
     // The key comes from annotations, not from Airflow's sanitised labels.
-    assert_eq!(out[0]["ti"]["run_id"], "scheduled__2026-11-30T10:00:00+00:00");
+    assert_eq!(
+        out[0]["ti"]["run_id"],
+        "scheduled__2026-11-30T10:00:00+00:00"
+    );
 }
 
 #[test]
@@ -83,7 +122,12 @@ fn seed_001_relisting_after_a_restart_emits_nothing_new() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(before.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(before.as_bytes())
+        .unwrap();
     let watch_only = lines(&child.wait_with_output().unwrap());
     assert_eq!(kinds(&watch_only), ["running", "running"]);
     assert_eq!(whole, watch_only);
@@ -94,8 +138,17 @@ fn seed_001_relisting_after_a_restart_emits_nothing_new() {
 fn bad_input_is_reported_and_the_stream_goes_on() {
     let output = decide_file("malformed.jsonl");
     let out = lines(&output);
-    assert_eq!(kinds(&out), ["invalid", "invalid", "invalid", "invalid", "invalid", "invalid", "invalid", "running"]);
-    assert!(out[..7].iter().all(|l| l["error"].as_str().is_some_and(|e| !e.is_empty())));
+    assert_eq!(
+        kinds(&out),
+        [
+            "invalid", "invalid", "invalid", "invalid", "invalid", "invalid", "invalid", "running"
+        ]
+    );
+    assert!(
+        out[..7]
+            .iter()
+            .all(|l| l["error"].as_str().is_some_and(|e| !e.is_empty()))
+    );
     assert_eq!(out[2]["pod"]["name"], "bad-try");
     // Logs went to stderr, not stdout.
     assert!(String::from_utf8_lossy(&output.stderr).contains("pod cannot be projected"));
@@ -125,17 +178,27 @@ fn reading_standard_input_streams_results_as_they_come() {
     writeln!(stdin, "{first}").unwrap();
     stdin.flush().unwrap();
     // With stdin still open, like `kubectl get -w`, the line must arrive.
-    let line = rx.recv_timeout(Duration::from_secs(30)).expect("no output while input stayed open");
-    assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["kind"], "running");
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("no output while input stayed open");
+    assert_eq!(
+        serde_json::from_str::<Value>(&line).unwrap()["kind"],
+        "running"
+    );
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
 
 #[test]
 fn unreadable_input_is_the_only_failure() {
-    let output = Command::new(podstream_binary()).args(["decide", "/nonexistent/events.json"]).output().unwrap();
+    let output = Command::new(podstream_binary())
+        .args(["decide", "/nonexistent/events.json"])
+        .output()
+        .unwrap();
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open /nonexistent/events.json"));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("cannot open /nonexistent/events.json")
+    );
     assert!(output.stdout.is_empty());
 }
 
@@ -148,6 +211,10 @@ fn the_bundled_example_stream_runs() {
         .unwrap();
     assert!(output.status.success());
     let out = lines(&output);
-    assert!(kinds(&out).contains(&"transfer") && kinds(&out).contains(&"duplicate") && kinds(&out).contains(&"fail"));
+    assert!(
+        kinds(&out).contains(&"transfer")
+            && kinds(&out).contains(&"duplicate")
+            && kinds(&out).contains(&"fail")
+    );
     assert!(!kinds(&out).contains(&"invalid"));
 }

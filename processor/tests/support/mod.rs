@@ -2,7 +2,9 @@
 
 #![allow(dead_code)]
 
-use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey};
+use podstream_proto::v1::{
+    ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey,
+};
 
 /// The TI every pod of these tests runs, unless a test says otherwise.
 pub fn ti(try_number: i64) -> TaskKey {
@@ -20,7 +22,11 @@ pub fn ti(try_number: i64) -> TaskKey {
 pub fn ev(kind: EventType, phase: Phase, name: &str, rv: u64) -> PodEvent {
     PodEvent {
         r#type: kind.into(),
-        pod: Some(PodRef { namespace: "airflow".into(), name: name.into(), uid: format!("uid-{name}") }),
+        pod: Some(PodRef {
+            namespace: "airflow".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }),
         owner: "1".into(),
         task: Some(ti(1)),
         phase: phase.into(),
@@ -46,7 +52,11 @@ pub trait EventExt: Sized {
     }
     fn exited(self, code: i32, reason: &str) -> Self {
         self.with(|e| {
-            e.terminated.push(ContainerTerminated { container: "base".into(), exit_code: code, reason: reason.into() })
+            e.terminated.push(ContainerTerminated {
+                container: "base".into(),
+                exit_code: code,
+                reason: reason.into(),
+            })
         })
     }
     fn owner(self, owner: &str) -> Self {
@@ -74,30 +84,46 @@ impl EventExt for PodEvent {
 }
 
 fn waiting(container: &str, reason: &str, message: &str) -> ContainerWaiting {
-    ContainerWaiting { container: container.into(), reason: reason.into(), message: message.into() }
+    ContainerWaiting {
+        container: container.into(),
+        reason: reason.into(),
+        message: message.into(),
+    }
 }
 
 use podstream_processor::{MemoryStore, Processor, Rules};
-use podstream_proto::v1::command::Kind;
 use podstream_proto::Command;
+use podstream_proto::v1::command::Kind;
 
 /// Feeds `events` through a fresh processor; every command as a short line.
 pub fn run(events: &[PodEvent]) -> Vec<String> {
     let mut processor = Processor::new(Rules::default(), MemoryStore::default());
-    events.iter().flat_map(|e| processor.handle(e).unwrap()).map(|c| describe(&c)).collect()
+    events
+        .iter()
+        .flat_map(|e| processor.handle(e).unwrap())
+        .map(|c| describe(&c))
+        .collect()
 }
 
 /// `kind pod owner [details]`, e.g. `transfer a 2 1->2`.
 pub fn describe(command: &Command) -> String {
     let pod = command.pod.as_ref().map_or("?", |p| p.name.as_str());
-    let head = format!("{} {pod} {}", command.kind.as_ref().map_or("none", |k| k.name()), command.owner);
+    let head = format!(
+        "{} {pod} {}",
+        command.kind.as_ref().map_or("none", |k| k.name()),
+        command.owner
+    );
     match &command.kind {
         Some(Kind::Fail(f)) => format!("{head} {}", f.reason),
         Some(Kind::Lost(l)) => format!("{head} {}", l.reason),
         Some(Kind::Transfer(t)) => format!("{head} {}->{}", t.from, t.to),
         Some(Kind::Duplicate(d)) => {
             let others: Vec<_> = d.others.iter().map(|p| p.name.as_str()).collect();
-            format!("{head} chosen={} others={}", d.chosen.as_ref().map_or("?", |p| p.name.as_str()), others.join(","))
+            format!(
+                "{head} chosen={} others={}",
+                d.chosen.as_ref().map_or("?", |p| p.name.as_str()),
+                others.join(",")
+            )
         }
         _ => head,
     }
