@@ -10,7 +10,7 @@ use podstream_processor::duplicates::choose;
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::v1::{EventType, Phase, PodEvent, PodRef, TaskKey};
 use proptest::prelude::*;
-use support::{EventExt, describe, ev, ti};
+use support::{EventExt, ev, run, ti};
 
 fn phase() -> impl Strategy<Value = Phase> {
     prop_oneof![
@@ -79,15 +79,6 @@ fn story() -> impl Strategy<Value = Vec<PodEvent>> {
     })
 }
 
-fn commands(events: &[PodEvent]) -> Vec<String> {
-    let mut processor = Processor::new(Rules::default(), MemoryStore::default());
-    events
-        .iter()
-        .flat_map(|e| processor.handle(e).unwrap())
-        .map(|c| describe(&c))
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -124,7 +115,7 @@ proptest! {
         events in story(),
         copies in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..10),
     ) {
-        let baseline = commands(&events);
+        let baseline = run(&events);
         let mut redelivered: Vec<PodEvent> = events.clone();
         for (original, after) in copies {
             let original = original.index(events.len());
@@ -133,7 +124,7 @@ proptest! {
             let at = first + 1 + after.index(redelivered.len() - first);
             redelivered.insert(at, events[original].clone());
         }
-        prop_assert_eq!(commands(&redelivered), baseline);
+        prop_assert_eq!(run(&redelivered), baseline);
     }
 
     /// Replaying a whole story into the state it left emits nothing.
