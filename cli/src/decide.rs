@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use podstream_ingest::project;
-use podstream_ingest::watch_json::{WatchItem, read_value};
+use podstream_ingest::watch_json::{WatchItem, read_json};
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::line::CommandLine;
 use tracing::{debug, info, warn};
@@ -92,7 +92,7 @@ pub fn decide_stream<R: Read>(
                 continue;
             }
         };
-        for item in read_value(value) {
+        for item in read_json(value.get()) {
             match item {
                 WatchItem::Pod { event_type, pod } => {
                     summary.events += 1;

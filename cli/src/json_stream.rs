@@ -9,13 +9,13 @@
 
 use std::io::{self, BufRead};
 
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// One item of the stream.
 #[derive(Debug)]
 pub enum Frame {
-    /// A JSON value.
-    Value(Value),
+    /// The text of one syntactically valid JSON value.
+    Value(Box<RawValue>),
     /// Bytes that are not a JSON value, with what was wrong.
     Invalid(String),
 }
@@ -104,7 +104,7 @@ impl<R: BufRead> JsonFrames<R> {
     /// Parses the complete chunk: usually one value, possibly several on a line.
     fn parse_value(&mut self) {
         let start = self.value_start;
-        let values = serde_json::Deserializer::from_slice(&self.value).into_iter::<Value>();
+        let values = serde_json::Deserializer::from_slice(&self.value).into_iter::<Box<RawValue>>();
         for value in values {
             match value {
                 Ok(value) => self.ready.push_back(Frame::Value(value)),
@@ -169,7 +169,9 @@ mod tests {
     fn frames(input: &str) -> Vec<String> {
         JsonFrames::new(input.as_bytes())
             .map(|f| match f.unwrap() {
-                Frame::Value(v) => v.to_string(),
+                Frame::Value(v) => serde_json::from_str::<serde_json::Value>(v.get())
+                    .unwrap()
+                    .to_string(),
                 Frame::Invalid(e) => format!("invalid: {e}"),
             })
             .collect()

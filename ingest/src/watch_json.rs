@@ -5,7 +5,42 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use podstream_proto::v1::{EventType, PodRef};
+use serde::Deserialize;
 use serde_json::Value;
+
+/// A watch event of a pod, in the shape nearly every input value has.
+#[derive(Deserialize)]
+struct PodWatchEvent {
+    #[serde(rename = "type")]
+    event_type: String,
+    object: Pod,
+}
+
+/// Reads every item of one JSON text.
+///
+/// Watch events of pods, nearly all of any stream, are deserialized straight
+/// into `Pod`; anything else takes the [`read_value`] path, which builds a
+/// generic value first so that it can say precisely what is wrong.
+pub fn read_json(text: &str) -> Vec<WatchItem> {
+    if let Ok(event) = serde_json::from_str::<PodWatchEvent>(text) {
+        let event_type = match event.event_type.as_str() {
+            "ADDED" => Some(EventType::Added),
+            "MODIFIED" => Some(EventType::Modified),
+            "DELETED" => Some(EventType::Deleted),
+            _ => None,
+        };
+        if let Some(event_type) = event_type {
+            return vec![WatchItem::Pod {
+                event_type,
+                pod: Box::new(event.object),
+            }];
+        }
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => read_value(value),
+        Err(err) => vec![invalid(format!("not valid JSON: {err}"), None)],
+    }
+}
 
 /// One thing found in a JSON value.
 #[derive(Debug, Clone, PartialEq)]

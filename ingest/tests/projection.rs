@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::core::v1::Pod;
-use podstream_ingest::watch_json::{WatchItem, read_value};
+use podstream_ingest::watch_json::{WatchItem, read_json, read_value};
 use podstream_ingest::{ProjectionError, project};
 use podstream_proto::v1::{EventType, Phase};
 use proptest::prelude::*;
@@ -207,6 +207,31 @@ fn watch_json_shapes() {
     }
 }
 
+#[test]
+fn typed_fast_path_agrees_with_the_generic_reader() {
+    let shapes = [
+        json!({"type": "ADDED", "object": worker_pod()}),
+        json!({"type": "MODIFIED", "object": with(worker_pod(), "/kind", Value::Null)}),
+        json!({"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}}),
+        json!({"type": "ADDED", "object": {"kind": "ConfigMap", "metadata": {"name": "cm"}}}),
+        json!({"type": "ADDED", "object": {"kind": "Pod", "metadata": {"name": 42}}}),
+        json!({"kind": "PodList", "items": [worker_pod()]}),
+        worker_pod(),
+        json!([1, 2]),
+    ];
+    for shape in shapes {
+        assert_eq!(
+            read_json(&shape.to_string()),
+            read_value(shape.clone()),
+            "{shape}"
+        );
+    }
+    assert!(matches!(
+        &read_json("{oops")[..],
+        [WatchItem::Invalid { .. }]
+    ));
+}
+
 /// Arbitrary JSON, shaped or not like a pod.
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
@@ -259,6 +284,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 proptest! {
     #[test]
     fn nothing_panics_the_reader_or_the_projection(value in json_value()) {
+        prop_assert_eq!(read_json(&value.to_string()), read_value(value.clone()));
         for item in read_value(value) {
             if let WatchItem::Pod { event_type, pod } = item {
                 let _ = project(event_type, &pod);
