@@ -48,24 +48,20 @@ pub struct Applied {
     pub commands: Vec<Command>,
 }
 
-impl Decision {
-    /// The commands emitted (none for a stale event).
-    pub fn commands(&self) -> &[Command] {
-        match self {
-            Decision::Stale { .. } => &[],
-            Decision::Applied(applied) => &applied.commands,
-        }
-    }
-}
-
-/// Decides one event of one pod (semantics.md, in full).
-pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
+/// The pod and TI key an event is about: what every event must name.
+pub fn identity(event: &PodEvent) -> Result<(&PodRef, &TaskKey), EventError> {
     let pod = event
         .pod
         .as_ref()
         .filter(|p| !p.uid.is_empty())
         .ok_or(EventError::NoPod)?;
     let key = event.task.as_ref().ok_or(EventError::NoTask)?;
+    Ok((pod, key))
+}
+
+/// Decides one event of one pod (semantics.md, in full).
+pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
+    let (pod, key) = identity(event)?;
 
     if let Some(last) = &prior.pod
         && !is_newer(&event.resource_version, &last.resource_version)
@@ -133,36 +129,24 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
     })))
 }
 
-/// Records the event's facts in the pod's candidate entry.
+/// Records the event's facts in the pod's candidate entry, keeping what was
+/// already reported for it.
 fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) {
-    let entry = match task
-        .candidates
-        .iter_mut()
-        .position(|c| c.pod.uid == pod.uid)
-    {
-        Some(at) => &mut task.candidates[at],
-        None => {
-            task.candidates.push(Candidate {
-                pod: pod.clone(),
-                owner: String::new(),
-                resource_version: String::new(),
-                phase: event.phase(),
-                terminating: false,
-                created_unix_ms: 0,
-                current: Outcome::Pending,
-                reported: None,
-            });
-            let last = task.candidates.len() - 1;
-            &mut task.candidates[last]
-        }
+    let existing = task.candidates.iter().position(|c| c.pod.uid == pod.uid);
+    let candidate = Candidate {
+        pod: pod.clone(),
+        owner: event.owner.clone(),
+        resource_version: event.resource_version.clone(),
+        phase: event.phase(),
+        terminating: event.deletion_unix_ms.is_some(),
+        created_unix_ms: event.creation_unix_ms,
+        current: outcome.clone(),
+        reported: existing.and_then(|at| task.candidates[at].reported.take()),
     };
-    entry.pod = pod.clone();
-    entry.owner = event.owner.clone();
-    entry.resource_version = event.resource_version.clone();
-    entry.phase = event.phase();
-    entry.terminating = event.deletion_unix_ms.is_some();
-    entry.created_unix_ms = event.creation_unix_ms;
-    entry.current = outcome.clone();
+    match existing {
+        Some(at) => task.candidates[at] = candidate,
+        None => task.candidates.push(candidate),
+    }
 }
 
 fn chosen_uid(task: &TaskState) -> Option<&str> {

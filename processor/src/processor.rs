@@ -5,7 +5,7 @@ use podstream_proto::{Command, PodEvent};
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use crate::decide::{Decision, EventError, decide};
+use crate::decide::{Decision, EventError, decide, identity};
 use crate::rules::{Ignored, Outcome, Rules};
 use crate::state::StateStore;
 
@@ -40,8 +40,7 @@ impl<S: StateStore> Processor<S> {
 
     /// Decides one event and stores the new state; returns its commands.
     pub fn handle(&mut self, event: &PodEvent) -> Result<Vec<Command>, HandleError<S::Error>> {
-        let pod = event.pod.as_ref().ok_or(EventError::NoPod)?;
-        let key = event.task.as_ref().ok_or(EventError::NoTask)?;
+        let (pod, key) = identity(event)?;
         let prior = self.store.load(&pod.uid, key).map_err(HandleError::Store)?;
         let applied = match decide(&self.rules, event, prior)? {
             Decision::Stale {
