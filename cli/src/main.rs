@@ -2,6 +2,7 @@
 
 mod decide;
 mod json_stream;
+mod sim;
 
 use std::process::ExitCode;
 
@@ -21,6 +22,8 @@ enum Command {
     /// Apply the processor's rules to Kubernetes JSON and print one JSON line
     /// per command (contract.md §1).
     Decide(decide::DecideArgs),
+    /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Decide(args) => decide::run(args).map(|_| ()),
+        Command::Sim(args) => sim::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

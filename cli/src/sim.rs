@@ -1,0 +1,75 @@
+//! `podstream sim`: serve the Kubernetes API simulator until killed (contract.md §4).
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use podstream_sim::{Server, SimConfig};
+
+/// Flags of `podstream sim`.
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w")]
+pub struct SimArgs {
+    /// Address to serve the Kubernetes API on (port 0 picks a free port).
+    #[arg(long, env = "PODSTREAM_SIM_LISTEN", default_value = "127.0.0.1:8001")]
+    listen: SocketAddr,
+    /// Where to write a kubeconfig for kubectl and the kube crate.
+    #[arg(long, env = "PODSTREAM_SIM_KUBECONFIG")]
+    kubeconfig: PathBuf,
+    /// Changes kept for watches and paged lists; reads from older resourceVersions get 410 Gone.
+    #[arg(long, env = "PODSTREAM_SIM_RETAIN_EVENTS", default_value_t = SimConfig::default().retain_events)]
+    retain_events: usize,
+    /// Seconds between bookmarks on watches that allow them.
+    #[arg(long, env = "PODSTREAM_SIM_BOOKMARK_SECONDS", default_value_t = 1)]
+    bookmark_seconds: u64,
+    /// Namespaces to create at start, beside default, kube-system, kube-public, kube-node-lease.
+    #[arg(long, env = "PODSTREAM_SIM_NAMESPACES", value_delimiter = ',', default_value = "airflow")]
+    namespaces: Vec<String>,
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub fn run(args: &SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    runtime.block_on(async {
+        let config = SimConfig {
+            retain_events: args.retain_events,
+            bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
+            namespaces: args.namespaces.clone(),
+        };
+        let server = Server::start(args.listen, config).await?;
+        server.write_kubeconfig(&args.kubeconfig)?;
+        // Scripts wait for this one line before they use the server.
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "listening on {}", server.url()).context("writing to stdout")?;
+        stdout.flush().context("writing to stdout")?;
+        server.serve_until(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the simulator");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,434 @@
+//! The HTTP face of the simulator: kube-apiserver's URL layout, verbs and query parameters.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::cluster::{Cluster, DeleteOptions, Deletion, ListQuery};
+use crate::discovery;
+use crate::object::{Key, Stored};
+use crate::patch::PatchType;
+use crate::resource::Resource;
+use crate::selector::{FieldSelector, Filter, LabelSelector};
+use crate::status::{self, ApiError, Reason};
+use crate::table;
+use crate::watch::{self, Format, WatchRequest};
+
+/// What the handler needs besides the cluster: the address clients reach it at.
+#[derive(Clone)]
+pub struct AppState {
+    /// The cluster.
+    pub cluster: Cluster,
+    /// `host:port` for `/api`'s serverAddressByClientCIDRs.
+    pub address: String,
+}
+
+/// The router: one handler that parses kube-apiserver paths itself.
+pub fn router(state: AppState) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
+}
+
+/// What a resource path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    resource: Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+    legacy_watch: bool,
+}
+
+async fn handle(
+    State(state): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let latency = state.cluster.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let query = parse_query(uri.query());
+    let response = route(&state, &method, uri.path(), &query, &headers, &body);
+    match response {
+        Ok(response) => {
+            tracing::debug!(%method, path = uri.path(), status = response.status().as_u16(), "request");
+            response
+        }
+        Err(error) => {
+            tracing::debug!(%method, path = uri.path(), code = error.code(), reason = error.reason.as_str(), message = %error.message, "request refused");
+            error_response(&error)
+        }
+    }
+}
+
+fn route(
+    state: &AppState,
+    method: &Method,
+    path: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let only_get = |value: Option<Value>| -> Result<Response, ApiError> {
+        if method != Method::GET {
+            return Err(ApiError::new(Reason::MethodNotAllowed, "the server does not allow this method on the requested resource"));
+        }
+        value.map(|v| json_response(StatusCode::OK, &v)).ok_or_else(not_served)
+    };
+    match segments.as_slice() {
+        ["version"] => only_get(Some(discovery::version())),
+        ["healthz" | "livez" | "readyz"] => Ok(text_response(StatusCode::OK, "ok")),
+        ["api"] => only_get(Some(discovery::core_versions(&state.address))),
+        ["api", version] => only_get(discovery::resource_list("", version)),
+        ["apis"] => only_get(Some(discovery::groups())),
+        ["apis", group] => only_get(discovery::api_group(group)),
+        ["apis", group, version] => only_get(discovery::resource_list(group, version)),
+        ["openapi", "v3"] => only_get(Some(discovery::openapi_index())),
+        ["openapi", "v3", rest @ ..] => only_get(discovery::openapi_group_version(&rest.join("/"))),
+        ["api", version, rest @ ..] => {
+            let target = parse_target("", version, rest)?;
+            serve(state, method, &target, query, headers, body)
+        }
+        ["apis", group, version, rest @ ..] => {
+            let target = parse_target(group, version, rest)?;
+            serve(state, method, &target, query, headers, body)
+        }
+        _ => Err(not_served()),
+    }
+}
+
+fn not_served() -> ApiError {
+    ApiError::new(Reason::NotFound, "the server could not find the requested resource")
+}
+
+fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
+    let (legacy_watch, rest) = match rest {
+        ["watch", rest @ ..] => (true, rest),
+        _ => (false, rest),
+    };
+    let find = |plural: &str| Resource::find(group, version, plural).ok_or_else(not_served);
+    let target = |resource, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
+        resource,
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+        subresource: sub.map(str::to_owned),
+        legacy_watch,
+    };
+    let namespaces_served = group.is_empty();
+    match rest {
+        ["namespaces", ns, plural, tail @ ..] if namespaces_served || Resource::find(group, version, plural).is_some() => {
+            match (Resource::find(group, version, plural), tail) {
+                (Some(resource), []) if resource.namespaced() => Ok(target(resource, Some(ns), None, None)),
+                (Some(resource), [name]) if resource.namespaced() => Ok(target(resource, Some(ns), Some(name), None)),
+                (Some(resource), [name, sub]) if resource.namespaced() && resource.subresources().contains(sub) => {
+                    Ok(target(resource, Some(ns), Some(name), Some(sub)))
+                }
+                // `/api/v1/namespaces/<name>/status`: the namespace's own subresource.
+                (None, []) if group.is_empty() && Resource::Namespaces.subresources().contains(plural) => {
+                    Ok(target(Resource::Namespaces, None, Some(ns), Some(plural)))
+                }
+                _ => Err(not_served()),
+            }
+        }
+        [plural] => Ok(target(find(plural)?, None, None, None)),
+        [plural, name] => {
+            let resource = find(plural)?;
+            if resource.namespaced() {
+                return Err(not_served());
+            }
+            Ok(target(resource, None, Some(name), None))
+        }
+        [plural, name, sub] => {
+            let resource = find(plural)?;
+            if resource.namespaced() || !resource.subresources().contains(sub) {
+                return Err(not_served());
+            }
+            Ok(target(resource, None, Some(name), Some(sub)))
+        }
+        _ => Err(not_served()),
+    }
+}
+
+fn serve(
+    state: &AppState,
+    method: &Method,
+    target: &Target,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::bad_request("dryRun is not supported by the podstream simulator"));
+    }
+    let cluster = &state.cluster;
+    let resource = target.resource;
+    let format = requested_format(headers, query);
+    let status_sub = target.subresource.as_deref() == Some("status");
+    match (&target.name, method.clone()) {
+        (None, Method::GET) => {
+            let filter = filter(resource, target.namespace.as_deref(), query)?;
+            if target.legacy_watch || is_true(query.get("watch")) {
+                return watch_response(cluster, resource, filter, query, format);
+            }
+            list_response(cluster, resource, filter, query, format)
+        }
+        (None, Method::POST) => {
+            if resource.namespaced() && target.namespace.is_none() {
+                return Err(ApiError::new(Reason::MethodNotAllowed, "create needs a namespace in the path"));
+            }
+            let value = parse_body(body)?;
+            let stored = cluster.create(resource, target.namespace.as_deref().unwrap_or(""), value, true)?;
+            Ok(object_response(StatusCode::CREATED, &stored, format))
+        }
+        (Some(name), Method::GET) if !target.legacy_watch => {
+            let stored = cluster.get(&key(target, name))?;
+            Ok(object_response(StatusCode::OK, &stored, format))
+        }
+        (Some(name), Method::PUT) => {
+            let value = parse_body(body)?;
+            let stored = cluster.replace(&key(target, name), value, status_sub)?;
+            Ok(object_response(StatusCode::OK, &stored, format))
+        }
+        (Some(name), Method::PATCH) => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let patch_type = PatchType::from_content_type(content_type)?;
+            let stored = cluster.patch(&key(target, name), patch_type, body, status_sub)?;
+            Ok(object_response(StatusCode::OK, &stored, format))
+        }
+        (Some(name), Method::DELETE) if target.subresource.is_none() => {
+            let options = delete_options(query, body)?;
+            match cluster.delete(&key(target, name), &options)? {
+                Deletion::Gone(last) if resource == Resource::Namespaces => {
+                    let _ = last;
+                    Ok(json_response(StatusCode::OK, &status::success()))
+                }
+                Deletion::Gone(last) => Ok(object_response(StatusCode::OK, &last, Format::Object)),
+                Deletion::Pending(current) => Ok(object_response(StatusCode::OK, &current, Format::Object)),
+            }
+        }
+        _ => Err(ApiError::new(
+            Reason::MethodNotAllowed,
+            format!("the server does not allow this method on the requested resource ({method})"),
+        )),
+    }
+}
+
+fn key(target: &Target, name: &str) -> Key {
+    Key::new(target.resource, target.namespace.as_deref().unwrap_or(""), name)
+}
+
+fn filter(resource: Resource, namespace: Option<&str>, query: &HashMap<String, String>) -> Result<Filter, ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").map_or("", String::as_str),
+        resource.selectable_fields(),
+    )?;
+    Ok(Filter {
+        namespace: namespace.map(str::to_owned),
+        labels,
+        fields,
+    })
+}
+
+fn list_response(
+    cluster: &Cluster,
+    resource: Resource,
+    filter: Filter,
+    query: &HashMap<String, String>,
+    format: Format,
+) -> Result<Response, ApiError> {
+    let limit = match query.get("limit") {
+        Some(n) => Some(n.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit {n:?}")))?),
+        None => None,
+    };
+    let list_query = ListQuery {
+        filter,
+        limit,
+        continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
+        resource_version: query.get("resourceVersion").cloned(),
+        resource_version_match: query.get("resourceVersionMatch").cloned(),
+    };
+    let page = cluster.list(resource, &list_query)?;
+    if let Format::Table { full } = format {
+        let rows = page
+            .items
+            .iter()
+            .map(|o| o.value().map(|v| table::row(resource, &v, full)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = table::table(resource, rows, page.resource_version, page.continue_token.as_deref(), true);
+        return Ok(json_response(StatusCode::OK, &table));
+    }
+    let mut out = Vec::with_capacity(256 + page.items.iter().map(|o| o.json.len() + 1).sum::<usize>());
+    out.extend_from_slice(b"{\"kind\":\"");
+    out.extend_from_slice(resource.list_kind().as_bytes());
+    out.extend_from_slice(b"\",\"apiVersion\":\"");
+    out.extend_from_slice(resource.api_version().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    let mut metadata = serde_json::json!({ "resourceVersion": page.resource_version.to_string() });
+    if let Some(token) = &page.continue_token {
+        metadata["continue"] = serde_json::json!(token);
+    }
+    out.extend_from_slice(metadata.to_string().as_bytes());
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item.json);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(bytes_response(StatusCode::OK, Bytes::from(out)))
+}
+
+fn watch_response(
+    cluster: &Cluster,
+    resource: Resource,
+    filter: Filter,
+    query: &HashMap<String, String>,
+    format: Format,
+) -> Result<Response, ApiError> {
+    let requested = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let send_initial_events = is_true(query.get("sendInitialEvents"));
+    let from = match requested {
+        "" | "0" => None,
+        _ if send_initial_events => None,
+        rv => Some(rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?),
+    };
+    let timeout = match query.get("timeoutSeconds") {
+        Some(s) => Some(Duration::from_secs(
+            s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {s:?}")))?,
+        )),
+        None => None,
+    };
+    let request = WatchRequest {
+        resource,
+        filter,
+        from,
+        send_initial_events,
+        bookmarks: is_true(query.get("allowWatchBookmarks")),
+        timeout,
+        format,
+    };
+    let chunks = watch::start(cluster.clone(), request);
+    let body = Body::from_stream(ReceiverStream::new(chunks).map(Ok::<_, Infallible>));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(body)
+        .map_err(|e| ApiError::new(Reason::InternalError, e.to_string()))
+}
+
+fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut options = DeleteOptions::default();
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        options.grace_period_seconds = value.get("gracePeriodSeconds").and_then(Value::as_u64);
+        let preconditions = value.get("preconditions");
+        options.uid = preconditions.and_then(|p| p.get("uid")).and_then(Value::as_str).map(str::to_owned);
+        options.resource_version = preconditions
+            .and_then(|p| p.get("resourceVersion"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+    }
+    if let Some(grace) = query.get("gracePeriodSeconds") {
+        options.grace_period_seconds = Some(
+            grace.parse().map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {grace:?}")))?,
+        );
+    }
+    Ok(options)
+}
+
+fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+    }
+    Ok(value)
+}
+
+fn requested_format(headers: &HeaderMap, query: &HashMap<String, String>) -> Format {
+    let wants_table = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|accept| accept.contains("as=Table"));
+    if wants_table {
+        Format::Table {
+            full: query.get("includeObject").map(String::as_str) == Some("Object"),
+        }
+    } else {
+        Format::Object
+    }
+}
+
+fn is_true(value: Option<&String>) -> bool {
+    matches!(value.map(String::as_str), Some("true" | "1"))
+}
+
+fn parse_query(query: Option<&str>) -> HashMap<String, String> {
+    query
+        .map(|q| {
+            form_urlencoded::parse(q.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn object_response(code: StatusCode, stored: &Stored, format: Format) -> Response {
+    match format {
+        Format::Object => bytes_response(code, stored.json.clone()),
+        Format::Table { full } => match stored.value() {
+            Ok(value) => {
+                let row = table::row(stored.key.resource, &value, full);
+                let table = table::table(stored.key.resource, vec![row], stored.resource_version, None, true);
+                json_response(code, &table)
+            }
+            Err(error) => error_response(&error),
+        },
+    }
+}
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    bytes_response(code, Bytes::from(value.to_string()))
+}
+
+fn bytes_response(code: StatusCode, body: Bytes) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response
+}
+
+fn text_response(code: StatusCode, text: &'static str) -> Response {
+    let mut response = Response::new(Body::from(text));
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let code = StatusCode::from_u16(error.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(code, &error.to_status())
+}

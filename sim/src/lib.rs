@@ -1,0 +1,31 @@
+//! A Kubernetes API simulator that stock `kubectl` and the `kube` crate use unmodified.
+//!
+//! It serves core/v1 pods and namespaces and coordination.k8s.io/v1 leases with what podstream
+//! and Airflow depend on: one global resourceVersion, list-then-watch, label and field
+//! selectors (an object leaving a watch's selection is sent as `DELETED`), graceful deletion
+//! (`deletionTimestamp` first, `DELETED` last), bookmarks, paging with consistent snapshots,
+//! and `410 Gone` for history that compaction removed.
+//!
+//! - [`store`]: the versioned objects and the change log (no I/O).
+//! - [`cluster`]: the verbs, deletion timers and the control API tests drive pods with.
+//! - [`watch`]: watch streams; [`http`]: URL layout and query parameters; [`server`]: serving.
+
+pub mod cluster;
+pub mod discovery;
+pub mod http;
+pub mod object;
+pub mod patch;
+pub mod resource;
+pub mod selector;
+pub mod server;
+pub mod status;
+pub mod store;
+pub mod table;
+pub mod template;
+pub mod watch;
+
+pub use cluster::{Cluster, ContainerState, DeleteOptions, Deletion, SimConfig};
+pub use resource::Resource;
+pub use server::{Server, kubeconfig};
+pub use status::{ApiError, Reason};
+pub use template::WorkerPod;

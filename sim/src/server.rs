@@ -1,0 +1,127 @@
+//! Serving the simulator over HTTP, and the kubeconfig that points clients at it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::cluster::{Cluster, SimConfig};
+use crate::http::{AppState, router};
+
+/// A running simulator: the cluster and its HTTP server. Dropping it stops the server.
+#[derive(Debug)]
+pub struct Server {
+    cluster: Cluster,
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `listen` (port 0 picks a free one) and serves a fresh cluster on it.
+    pub async fn start(listen: SocketAddr, config: SimConfig) -> anyhow::Result<Server> {
+        let cluster = Cluster::new(config).context("creating the simulated cluster")?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let app = router(AppState {
+            cluster: cluster.clone(),
+            address: addr.to_string(),
+        });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let watches = cluster.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+                // Open watches would hold a graceful shutdown forever.
+                watches.drop_watches();
+            };
+            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                tracing::error!(%error, "simulator server failed");
+            }
+        });
+        tracing::info!(%addr, "Kubernetes API simulator listening");
+        Ok(Server {
+            cluster,
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// The simulated cluster, for the control API.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig that kubectl and the `kube` crate use as is.
+    pub fn kubeconfig(&self) -> String {
+        kubeconfig(&self.url())
+    }
+
+    /// Writes the kubeconfig to a file.
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, self.kubeconfig())
+            .with_context(|| format!("writing kubeconfig {}", path.display()))
+    }
+
+    /// Stops serving: closes watches and waits for the server to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = task.await;
+    }
+
+    /// Serves until the future resolves (for example, a signal), then shuts down.
+    pub async fn serve_until(self, signal: impl std::future::Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.cluster.drop_watches();
+        self.task.abort();
+    }
+}
+
+/// The kubeconfig for a simulator at `url`: one cluster, one context, no credentials.
+pub fn kubeconfig(url: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: podstream-sim
+  cluster:
+    server: {url}
+contexts:
+- name: podstream-sim
+  context:
+    cluster: podstream-sim
+    user: podstream-sim
+    namespace: default
+current-context: podstream-sim
+users:
+- name: podstream-sim
+  user: {{}}
+preferences: {{}}
+"
+    )
+}
