@@ -11,7 +11,9 @@ use podstream_sim::{Server, SimConfig};
 
 /// Flags of `podstream sim`.
 #[derive(Debug, Args)]
-#[command(after_help = "Example:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w")]
+#[command(
+    after_help = "Example:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w"
+)]
 pub struct SimArgs {
     /// Address to serve the Kubernetes API on (port 0 picks a free port).
     #[arg(long, env = "PODSTREAM_SIM_LISTEN", default_value = "127.0.0.1:8001")]
@@ -26,7 +28,12 @@ pub struct SimArgs {
     #[arg(long, env = "PODSTREAM_SIM_BOOKMARK_SECONDS", default_value_t = 1)]
     bookmark_seconds: u64,
     /// Namespaces to create at start, beside default, kube-system, kube-public, kube-node-lease.
-    #[arg(long, env = "PODSTREAM_SIM_NAMESPACES", value_delimiter = ',', default_value = "airflow")]
+    #[arg(
+        long,
+        env = "PODSTREAM_SIM_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "airflow"
+    )]
     namespaces: Vec<String>,
 }
 
@@ -55,7 +62,9 @@ pub async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        let mut terminate = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
             Ok(signal) => signal,
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the simulator");

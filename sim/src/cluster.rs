@@ -18,7 +18,8 @@ use crate::status::{ApiError, Reason};
 use crate::store::{Event, Store};
 
 /// Namespaces every simulated cluster starts with.
-pub const DEFAULT_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const DEFAULT_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// How the simulator behaves where a real cluster is configured.
 #[derive(Debug, Clone)]
@@ -147,11 +148,20 @@ impl Cluster {
                 runtime,
             }),
         };
-        let mut namespaces: Vec<String> = DEFAULT_NAMESPACES.iter().map(|s| s.to_string()).collect();
+        let mut namespaces: Vec<String> =
+            DEFAULT_NAMESPACES.iter().map(|s| s.to_string()).collect();
         namespaces.extend(cluster.inner.config.namespaces.iter().cloned());
         for name in namespaces {
-            if cluster.get(&Key::new(Resource::Namespaces, "", &name)).is_err() {
-                cluster.create(Resource::Namespaces, "", json!({ "metadata": { "name": name } }), true)?;
+            if cluster
+                .get(&Key::new(Resource::Namespaces, "", &name))
+                .is_err()
+            {
+                cluster.create(
+                    Resource::Namespaces,
+                    "",
+                    json!({ "metadata": { "name": name } }),
+                    true,
+                )?;
             }
         }
         Ok(cluster)
@@ -164,7 +174,10 @@ impl Cluster {
 
     fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock leaves a consistent store: every change is one insert.
-        self.inner.store.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn published(&self, store: MutexGuard<'_, Store>) {
@@ -200,7 +213,9 @@ impl Cluster {
                 Some(ns) if ns.deletion.is_some() => {
                     return Err(ApiError::new(
                         Reason::Forbidden,
-                        format!("unable to create new content in namespace {namespace} because it is being terminated"),
+                        format!(
+                            "unable to create new content in namespace {namespace} because it is being terminated"
+                        ),
                     ));
                 }
                 Some(_) => {}
@@ -213,9 +228,9 @@ impl Cluster {
 
     /// The current version of an object, or 404.
     pub fn get(&self, key: &Key) -> Result<Arc<Stored>, ApiError> {
-        self.store()
-            .get(key)
-            .ok_or_else(|| ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name))
+        self.store().get(key).ok_or_else(|| {
+            ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name)
+        })
     }
 
     /// One page of a list, read at one consistent revision across pages.
@@ -225,7 +240,10 @@ impl Cluster {
             Some(token) => {
                 let (rv, key) = decode_continue(resource, token)?;
                 if rv < store.compacted_through() {
-                    return Err(ApiError::new(Reason::Expired, "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."));
+                    return Err(ApiError::new(
+                        Reason::Expired,
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    ));
                 }
                 (rv, Some(key))
             }
@@ -282,7 +300,11 @@ impl Cluster {
     }
 
     /// Changes an object freely (status included), as the control API does for the kubelet.
-    pub fn modify(&self, key: &Key, change: impl FnOnce(&mut Value)) -> Result<Arc<Stored>, ApiError> {
+    pub fn modify(
+        &self,
+        key: &Key,
+        change: impl FnOnce(&mut Value),
+    ) -> Result<Arc<Stored>, ApiError> {
         self.update(key, None, |old| {
             let mut value = old.clone();
             change(&mut value);
@@ -299,7 +321,11 @@ impl Cluster {
     ) -> Result<Arc<Stored>, ApiError> {
         let mut store = self.store();
         let Some(current) = store.get(key) else {
-            return Err(ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name));
+            return Err(ApiError::not_found(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+            ));
         };
         if expected_rv.is_some_and(|rv| rv != current.resource_version) {
             return Err(conflict(key));
@@ -320,28 +346,50 @@ impl Cluster {
     pub fn delete(&self, key: &Key, options: &DeleteOptions) -> Result<Deletion, ApiError> {
         let mut store = self.store();
         let Some(current) = store.get(key) else {
-            return Err(ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name));
+            return Err(ApiError::not_found(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+            ));
         };
         if let Some(uid) = &options.uid
             && *uid != current.uid
         {
-            return Err(ApiError::conflict(key.resource.group(), key.resource.plural(), &key.name, &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}", current.uid
-            )));
+            return Err(ApiError::conflict(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.uid
+                ),
+            ));
         }
         if let Some(rv) = &options.resource_version
             && *rv != current.resource_version.to_string()
         {
-            return Err(ApiError::conflict(key.resource.group(), key.resource.plural(), &key.name, &format!(
-                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", current.resource_version
-            )));
+            return Err(ApiError::conflict(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    current.resource_version
+                ),
+            ));
         }
         if key.resource == Resource::Namespaces {
             // Namespace contents go first, at once; the namespace follows.
             let contents: Vec<Key> = Resource::ALL
                 .iter()
                 .filter(|r| r.namespaced())
-                .flat_map(|r| store.all(*r).filter(|o| o.key.namespace == key.name).map(|o| o.key.clone()).collect::<Vec<_>>())
+                .flat_map(|r| {
+                    store
+                        .all(*r)
+                        .filter(|o| o.key.namespace == key.name)
+                        .map(|o| o.key.clone())
+                        .collect::<Vec<_>>()
+                })
                 .collect();
             for inner in contents {
                 store.remove(&inner)?;
@@ -361,12 +409,14 @@ impl Cluster {
         }
         if let Some(deadline) = current.deletion {
             // Already terminating: a shorter grace period brings the end forward.
-            let sooner = Timestamp::now() + SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX));
+            let sooner = Timestamp::now()
+                + SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX));
             if sooner >= deadline {
                 return Ok(Deletion::Pending(current));
             }
         }
-        let deadline = Timestamp::now() + SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX));
+        let deadline =
+            Timestamp::now() + SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX));
         let mut marked = value;
         if let Some(meta) = marked.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("deletionTimestamp".into(), json!(rfc3339(deadline)));
@@ -461,7 +511,8 @@ impl Cluster {
 
     /// The pod's current JSON, or 404.
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Value, ApiError> {
-        self.get(&Key::new(Resource::Pods, namespace, name))?.value()
+        self.get(&Key::new(Resource::Pods, namespace, name))?
+            .value()
     }
 
     /// Changes a pod freely, as the kubelet or a controller would.
@@ -471,7 +522,8 @@ impl Cluster {
         name: &str,
         change: impl FnOnce(&mut Value),
     ) -> Result<Value, ApiError> {
-        self.modify(&Key::new(Resource::Pods, namespace, name), change)?.value()
+        self.modify(&Key::new(Resource::Pods, namespace, name), change)?
+            .value()
     }
 
     /// Sets `status.phase`.
@@ -493,17 +545,38 @@ impl Cluster {
     }
 
     /// Sets (`Some`) or removes (`None`) a label.
-    pub fn relabel(&self, namespace: &str, name: &str, label: &str, value: Option<&str>) -> Result<Value, ApiError> {
-        self.modify_pod(namespace, name, |pod| set_entry(pod, "labels", label, value))
+    pub fn relabel(
+        &self,
+        namespace: &str,
+        name: &str,
+        label: &str,
+        value: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        self.modify_pod(namespace, name, |pod| {
+            set_entry(pod, "labels", label, value)
+        })
     }
 
     /// Sets (`Some`) or removes (`None`) an annotation.
-    pub fn annotate(&self, namespace: &str, name: &str, key: &str, value: Option<&str>) -> Result<Value, ApiError> {
-        self.modify_pod(namespace, name, |pod| set_entry(pod, "annotations", key, value))
+    pub fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        self.modify_pod(namespace, name, |pod| {
+            set_entry(pod, "annotations", key, value)
+        })
     }
 
     /// Deletes a pod with the given grace period (the pod's own when `None`).
-    pub fn delete_pod(&self, namespace: &str, name: &str, grace_period_seconds: Option<u64>) -> Result<Deletion, ApiError> {
+    pub fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        grace_period_seconds: Option<u64>,
+    ) -> Result<Deletion, ApiError> {
         let options = DeleteOptions {
             grace_period_seconds,
             ..DeleteOptions::default()
@@ -526,7 +599,10 @@ fn default_grace(resource: Resource, value: &Value) -> u64 {
     if resource != Resource::Pods {
         return 0;
     }
-    let phase = value.get("status").and_then(|s| s.get("phase")).and_then(Value::as_str);
+    let phase = value
+        .get("status")
+        .and_then(|s| s.get("phase"))
+        .and_then(Value::as_str);
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return 0;
     }
@@ -539,7 +615,11 @@ fn default_grace(resource: Resource, value: &Value) -> u64 {
 
 fn requested_revision(store: &Store, query: &ListQuery) -> Result<u64, ApiError> {
     let head = store.head();
-    let Some(requested) = query.resource_version.as_deref().filter(|rv| !rv.is_empty() && *rv != "0") else {
+    let Some(requested) = query
+        .resource_version
+        .as_deref()
+        .filter(|rv| !rv.is_empty() && *rv != "0")
+    else {
         return Ok(head);
     };
     let rv: u64 = requested
@@ -621,16 +701,21 @@ fn set_container(pod: &mut Value, container: &str, state: &ContainerState) {
         .unwrap_or(Value::Null);
     let now = object::now_rfc3339();
     let (state_json, ready) = match state {
-        ContainerState::Waiting { reason, message } => {
-            (json!({ "waiting": { "reason": reason, "message": message } }), false)
-        }
+        ContainerState::Waiting { reason, message } => (
+            json!({ "waiting": { "reason": reason, "message": message } }),
+            false,
+        ),
         ContainerState::Running => (json!({ "running": { "startedAt": now } }), true),
         ContainerState::Terminated { exit_code, reason } => (
             json!({ "terminated": { "exitCode": exit_code, "reason": reason, "finishedAt": now } }),
             false,
         ),
     };
-    let list_name = if is_init { "initContainerStatuses" } else { "containerStatuses" };
+    let list_name = if is_init {
+        "initContainerStatuses"
+    } else {
+        "containerStatuses"
+    };
     let status = ensure_object(pod, "status");
     if !status[list_name].is_array() {
         status[list_name] = json!([]);

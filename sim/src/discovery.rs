@@ -148,7 +148,11 @@ pub fn openapi_group_version(path: &str) -> Option<Value> {
         return None;
     }
     let query = |name: &str| json!({ "name": name, "in": "query", "schema": { "type": "string", "uniqueItems": true } });
-    let write_params = json!([query("dryRun"), query("fieldManager"), query("fieldValidation")]);
+    let write_params = json!([
+        query("dryRun"),
+        query("fieldManager"),
+        query("fieldValidation")
+    ]);
     let mut paths = serde_json::Map::new();
     for resource in served {
         let gvk = json!({ "group": resource.group(), "version": resource.version(), "kind": resource.kind() });
@@ -165,7 +169,14 @@ pub fn openapi_group_version(path: &str) -> Option<Value> {
         } else {
             format!("/{path}/{}", resource.plural())
         };
-        let list_params = json!([query("labelSelector"), query("fieldSelector"), query("limit"), query("continue"), query("resourceVersion"), query("watch")]);
+        let list_params = json!([
+            query("labelSelector"),
+            query("fieldSelector"),
+            query("limit"),
+            query("continue"),
+            query("resourceVersion"),
+            query("watch")
+        ]);
         paths.insert(
             base.clone(),
             json!({ "get": operation("list", &list_params), "post": operation("post", &write_params) }),
@@ -190,4 +201,34 @@ pub fn openapi_group_version(path: &str) -> Option<Value> {
         "paths": paths,
         "components": { "schemas": {} },
     }))
+}
+
+/// `GET /openapi/v2` as JSON: a valid document with no definitions, so clients that validate
+/// against it skip validation of kinds it does not describe (the server validates instead).
+pub fn openapi_v2_json() -> Value {
+    json!({
+        "swagger": "2.0",
+        "info": { "title": "Kubernetes (podstream simulator)", "version": "v1.33.0" },
+        "paths": {},
+        "definitions": {},
+    })
+}
+
+/// The same document in the protobuf encoding (gnostic `openapi_v2.Document`) that older
+/// kubectl releases ask for: field 1 `swagger`, field 2 `info` with `title` (1) and
+/// `version` (2). Written by hand: three strings do not warrant a schema compiler.
+pub fn openapi_v2_protobuf() -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2);
+        // Every field here is shorter than 128 bytes, so its length is one varint byte.
+        out.push(u8::try_from(bytes.len()).unwrap_or(127).min(127));
+        out.extend_from_slice(&bytes[..bytes.len().min(127)]);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"Kubernetes (podstream simulator)");
+    field(&mut info, 2, b"v1.33.0");
+    let mut document = Vec::new();
+    field(&mut document, 1, b"2.0");
+    field(&mut document, 2, &info);
+    document
 }

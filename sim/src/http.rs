@@ -82,9 +82,14 @@ fn route(
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let only_get = |value: Option<Value>| -> Result<Response, ApiError> {
         if method != Method::GET {
-            return Err(ApiError::new(Reason::MethodNotAllowed, "the server does not allow this method on the requested resource"));
+            return Err(ApiError::new(
+                Reason::MethodNotAllowed,
+                "the server does not allow this method on the requested resource",
+            ));
         }
-        value.map(|v| json_response(StatusCode::OK, &v)).ok_or_else(not_served)
+        value
+            .map(|v| json_response(StatusCode::OK, &v))
+            .ok_or_else(not_served)
     };
     match segments.as_slice() {
         ["version"] => only_get(Some(discovery::version())),
@@ -94,6 +99,7 @@ fn route(
         ["apis"] => only_get(Some(discovery::groups())),
         ["apis", group] => only_get(discovery::api_group(group)),
         ["apis", group, version] => only_get(discovery::resource_list(group, version)),
+        ["openapi", "v2"] if method == Method::GET => Ok(openapi_v2(headers)),
         ["openapi", "v3"] => only_get(Some(discovery::openapi_index())),
         ["openapi", "v3", rest @ ..] => only_get(discovery::openapi_group_version(&rest.join("/"))),
         ["api", version, rest @ ..] => {
@@ -109,7 +115,10 @@ fn route(
 }
 
 fn not_served() -> ApiError {
-    ApiError::new(Reason::NotFound, "the server could not find the requested resource")
+    ApiError::new(
+        Reason::NotFound,
+        "the server could not find the requested resource",
+    )
 }
 
 fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
@@ -118,24 +127,35 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, Api
         _ => (false, rest),
     };
     let find = |plural: &str| Resource::find(group, version, plural).ok_or_else(not_served);
-    let target = |resource, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
-        resource,
-        namespace: namespace.map(str::to_owned),
-        name: name.map(str::to_owned),
-        subresource: sub.map(str::to_owned),
-        legacy_watch,
-    };
+    let target =
+        |resource, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
+            resource,
+            namespace: namespace.map(str::to_owned),
+            name: name.map(str::to_owned),
+            subresource: sub.map(str::to_owned),
+            legacy_watch,
+        };
     let namespaces_served = group.is_empty();
     match rest {
-        ["namespaces", ns, plural, tail @ ..] if namespaces_served || Resource::find(group, version, plural).is_some() => {
+        ["namespaces", ns, plural, tail @ ..]
+            if namespaces_served || Resource::find(group, version, plural).is_some() =>
+        {
             match (Resource::find(group, version, plural), tail) {
-                (Some(resource), []) if resource.namespaced() => Ok(target(resource, Some(ns), None, None)),
-                (Some(resource), [name]) if resource.namespaced() => Ok(target(resource, Some(ns), Some(name), None)),
-                (Some(resource), [name, sub]) if resource.namespaced() && resource.subresources().contains(sub) => {
+                (Some(resource), []) if resource.namespaced() => {
+                    Ok(target(resource, Some(ns), None, None))
+                }
+                (Some(resource), [name]) if resource.namespaced() => {
+                    Ok(target(resource, Some(ns), Some(name), None))
+                }
+                (Some(resource), [name, sub])
+                    if resource.namespaced() && resource.subresources().contains(sub) =>
+                {
                     Ok(target(resource, Some(ns), Some(name), Some(sub)))
                 }
                 // `/api/v1/namespaces/<name>/status`: the namespace's own subresource.
-                (None, []) if group.is_empty() && Resource::Namespaces.subresources().contains(plural) => {
+                (None, [])
+                    if group.is_empty() && Resource::Namespaces.subresources().contains(plural) =>
+                {
                     Ok(target(Resource::Namespaces, None, Some(ns), Some(plural)))
                 }
                 _ => Err(not_served()),
@@ -169,7 +189,9 @@ fn serve(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::bad_request("dryRun is not supported by the podstream simulator"));
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the podstream simulator",
+        ));
     }
     let cluster = &state.cluster;
     let resource = target.resource;
@@ -185,10 +207,18 @@ fn serve(
         }
         (None, Method::POST) => {
             if resource.namespaced() && target.namespace.is_none() {
-                return Err(ApiError::new(Reason::MethodNotAllowed, "create needs a namespace in the path"));
+                return Err(ApiError::new(
+                    Reason::MethodNotAllowed,
+                    "create needs a namespace in the path",
+                ));
             }
             let value = parse_body(body)?;
-            let stored = cluster.create(resource, target.namespace.as_deref().unwrap_or(""), value, true)?;
+            let stored = cluster.create(
+                resource,
+                target.namespace.as_deref().unwrap_or(""),
+                value,
+                true,
+            )?;
             Ok(object_response(StatusCode::CREATED, &stored, format))
         }
         (Some(name), Method::GET) if !target.legacy_watch => {
@@ -217,7 +247,9 @@ fn serve(
                     Ok(json_response(StatusCode::OK, &status::success()))
                 }
                 Deletion::Gone(last) => Ok(object_response(StatusCode::OK, &last, Format::Object)),
-                Deletion::Pending(current) => Ok(object_response(StatusCode::OK, &current, Format::Object)),
+                Deletion::Pending(current) => {
+                    Ok(object_response(StatusCode::OK, &current, Format::Object))
+                }
             }
         }
         _ => Err(ApiError::new(
@@ -228,10 +260,18 @@ fn serve(
 }
 
 fn key(target: &Target, name: &str) -> Key {
-    Key::new(target.resource, target.namespace.as_deref().unwrap_or(""), name)
+    Key::new(
+        target.resource,
+        target.namespace.as_deref().unwrap_or(""),
+        name,
+    )
 }
 
-fn filter(resource: Resource, namespace: Option<&str>, query: &HashMap<String, String>) -> Result<Filter, ApiError> {
+fn filter(
+    resource: Resource,
+    namespace: Option<&str>,
+    query: &HashMap<String, String>,
+) -> Result<Filter, ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
     let fields = FieldSelector::parse(
         query.get("fieldSelector").map_or("", String::as_str),
@@ -252,7 +292,10 @@ fn list_response(
     format: Format,
 ) -> Result<Response, ApiError> {
     let limit = match query.get("limit") {
-        Some(n) => Some(n.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit {n:?}")))?),
+        Some(n) => Some(
+            n.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {n:?}")))?,
+        ),
         None => None,
     };
     let list_query = ListQuery {
@@ -269,10 +312,17 @@ fn list_response(
             .iter()
             .map(|o| o.value().map(|v| table::row(resource, &v, full)))
             .collect::<Result<Vec<_>, _>>()?;
-        let table = table::table(resource, rows, page.resource_version, page.continue_token.as_deref(), true);
+        let table = table::table(
+            resource,
+            rows,
+            page.resource_version,
+            page.continue_token.as_deref(),
+            true,
+        );
         return Ok(json_response(StatusCode::OK, &table));
     }
-    let mut out = Vec::with_capacity(256 + page.items.iter().map(|o| o.json.len() + 1).sum::<usize>());
+    let mut out =
+        Vec::with_capacity(256 + page.items.iter().map(|o| o.json.len() + 1).sum::<usize>());
     out.extend_from_slice(b"{\"kind\":\"");
     out.extend_from_slice(resource.list_kind().as_bytes());
     out.extend_from_slice(b"\",\"apiVersion\":\"");
@@ -301,17 +351,23 @@ fn watch_response(
     query: &HashMap<String, String>,
     format: Format,
 ) -> Result<Response, ApiError> {
-    let requested = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let requested = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
     let send_initial_events = is_true(query.get("sendInitialEvents"));
     let from = match requested {
         "" | "0" => None,
         _ if send_initial_events => None,
-        rv => Some(rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?),
+        rv => Some(
+            rv.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?,
+        ),
     };
     let timeout = match query.get("timeoutSeconds") {
-        Some(s) => Some(Duration::from_secs(
-            s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {s:?}")))?,
-        )),
+        Some(s) => Some(Duration::from_secs(s.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds {s:?}"))
+        })?)),
         None => None,
     };
     let request = WatchRequest {
@@ -340,16 +396,20 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
         options.grace_period_seconds = value.get("gracePeriodSeconds").and_then(Value::as_u64);
         let preconditions = value.get("preconditions");
-        options.uid = preconditions.and_then(|p| p.get("uid")).and_then(Value::as_str).map(str::to_owned);
+        options.uid = preconditions
+            .and_then(|p| p.get("uid"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         options.resource_version = preconditions
             .and_then(|p| p.get("resourceVersion"))
             .and_then(Value::as_str)
             .map(str::to_owned);
     }
     if let Some(grace) = query.get("gracePeriodSeconds") {
-        options.grace_period_seconds = Some(
-            grace.parse().map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {grace:?}")))?,
-        );
+        options.grace_period_seconds =
+            Some(grace.parse().map_err(|_| {
+                ApiError::bad_request(format!("invalid gracePeriodSeconds {grace:?}"))
+            })?);
     }
     Ok(options)
 }
@@ -358,7 +418,9 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the object provided is not a JSON object",
+        ));
     }
     Ok(value)
 }
@@ -398,12 +460,37 @@ fn object_response(code: StatusCode, stored: &Stored, format: Format) -> Respons
         Format::Table { full } => match stored.value() {
             Ok(value) => {
                 let row = table::row(stored.key.resource, &value, full);
-                let table = table::table(stored.key.resource, vec![row], stored.resource_version, None, true);
+                let table = table::table(
+                    stored.key.resource,
+                    vec![row],
+                    stored.resource_version,
+                    None,
+                    true,
+                );
                 json_response(code, &table)
             }
             Err(error) => error_response(&error),
         },
     }
+}
+
+fn openapi_v2(headers: &HeaderMap) -> Response {
+    let wants_protobuf = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|accept| accept.contains("protobuf"));
+    if !wants_protobuf {
+        return json_response(StatusCode::OK, &discovery::openapi_v2_json());
+    }
+    let mut response = Response::new(Body::from(discovery::openapi_v2_protobuf()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        ),
+    );
+    response
 }
 
 fn json_response(code: StatusCode, value: &Value) -> Response {
@@ -413,18 +500,20 @@ fn json_response(code: StatusCode, value: &Value) -> Response {
 fn bytes_response(code: StatusCode, body: Bytes) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
 fn text_response(code: StatusCode, text: &'static str) -> Response {
     let mut response = Response::new(Body::from(text));
     *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 

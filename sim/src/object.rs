@@ -92,8 +92,12 @@ impl Stored {
 
     /// The object as a JSON value.
     pub fn value(&self) -> Result<Value, ApiError> {
-        serde_json::from_slice(&self.json)
-            .map_err(|e| ApiError::new(Reason::InternalError, format!("stored object unreadable: {e}")))
+        serde_json::from_slice(&self.json).map_err(|e| {
+            ApiError::new(
+                Reason::InternalError,
+                format!("stored object unreadable: {e}"),
+            )
+        })
     }
 
     /// A selectable field's value by its label (`status.phase`), for field selectors.
@@ -200,7 +204,10 @@ pub fn prepare_create(
                 resource.group(),
                 resource.kind(),
                 "",
-                vec![("metadata.name".into(), "Required value: name or generateName is required".into())],
+                vec![(
+                    "metadata.name".into(),
+                    "Required value: name or generateName is required".into(),
+                )],
             ));
         };
         let name = format!("{prefix}{}", random_suffix());
@@ -233,7 +240,10 @@ pub fn prepare_update(
 ) -> Result<Value, ApiError> {
     check_type(resource, &value)?;
     let old_meta = old.get("metadata").cloned().unwrap_or_default();
-    let old_name = old_meta.get("name").and_then(Value::as_str).unwrap_or_default();
+    let old_name = old_meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let Some(object) = value.as_object_mut() else {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     };
@@ -260,7 +270,15 @@ pub fn prepare_update(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
     }
-    for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generateName"] {
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generateName",
+    ] {
         match old_meta.get(field) {
             Some(kept) => meta.insert(field.into(), kept.clone()),
             None => meta.remove(field),
@@ -336,7 +354,10 @@ fn default_spec_and_status(resource: Resource, object: &mut Map<String, Value>, 
             }
             // Status comes from the kubelet, never from a create.
             if from_api || !object.contains_key("status") {
-                object.insert("status".into(), json!({ "phase": "Pending", "qosClass": "BestEffort" }));
+                object.insert(
+                    "status".into(),
+                    json!({ "phase": "Pending", "qosClass": "BestEffort" }),
+                );
             }
         }
         Resource::Namespaces => {
@@ -353,7 +374,9 @@ fn default_container(container: &mut Map<String, Value>) {
     let latest = container
         .get("image")
         .and_then(Value::as_str)
-        .is_some_and(|image| !image.rsplit('/').next().unwrap_or(image).contains(':') || image.ends_with(":latest"));
+        .is_some_and(|image| {
+            !image.rsplit('/').next().unwrap_or(image).contains(':') || image.ends_with(":latest")
+        });
     let pull = if latest { "Always" } else { "IfNotPresent" };
     container.entry("imagePullPolicy").or_insert(json!(pull));
     container
@@ -381,23 +404,37 @@ pub fn validate(resource: Resource, value: &Value) -> Result<(), ApiError> {
         ));
     }
     for (map, what) in [("labels", "labels"), ("annotations", "annotations")] {
-        let Some(entries) = meta.get(map) else { continue };
+        let Some(entries) = meta.get(map) else {
+            continue;
+        };
         let Some(entries) = entries.as_object() else {
-            causes.push((format!("metadata.{what}"), "Invalid value: must be a map of strings".to_owned()));
+            causes.push((
+                format!("metadata.{what}"),
+                "Invalid value: must be a map of strings".to_owned(),
+            ));
             continue;
         };
         for (key, entry) in entries {
             if let Err(why) = validate_label_key(key) {
-                causes.push((format!("metadata.{what}"), format!("Invalid value: {key:?}: {why}")));
+                causes.push((
+                    format!("metadata.{what}"),
+                    format!("Invalid value: {key:?}: {why}"),
+                ));
             }
             match entry.as_str() {
                 Some(text) if map == "labels" => {
                     if let Err(why) = validate_label_value(text) {
-                        causes.push(("metadata.labels".to_owned(), format!("Invalid value: {text:?}: {why}")));
+                        causes.push((
+                            "metadata.labels".to_owned(),
+                            format!("Invalid value: {text:?}: {why}"),
+                        ));
                     }
                 }
                 Some(_) => {}
-                None => causes.push((format!("metadata.{what}"), format!("Invalid value: {key:?}: values must be strings"))),
+                None => causes.push((
+                    format!("metadata.{what}"),
+                    format!("Invalid value: {key:?}: values must be strings"),
+                )),
             }
         }
     }
@@ -409,12 +446,27 @@ pub fn validate(resource: Resource, value: &Value) -> Result<(), ApiError> {
         match containers {
             Some(list) if !list.is_empty() => {
                 for (i, container) in list.iter().enumerate() {
-                    let cname = container.get("name").and_then(Value::as_str).unwrap_or_default();
+                    let cname = container
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     if !is_dns_label(cname) {
-                        causes.push((format!("spec.containers[{i}].name"), format!("Invalid value: {cname:?}: a lowercase RFC 1123 label is required")));
+                        causes.push((
+                            format!("spec.containers[{i}].name"),
+                            format!(
+                                "Invalid value: {cname:?}: a lowercase RFC 1123 label is required"
+                            ),
+                        ));
                     }
-                    if container.get("image").and_then(Value::as_str).is_none_or(str::is_empty) {
-                        causes.push((format!("spec.containers[{i}].image"), "Required value".to_owned()));
+                    if container
+                        .get("image")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        causes.push((
+                            format!("spec.containers[{i}].image"),
+                            "Required value".to_owned(),
+                        ));
                     }
                 }
             }
@@ -424,7 +476,12 @@ pub fn validate(resource: Resource, value: &Value) -> Result<(), ApiError> {
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(resource.group(), resource.kind(), name, causes))
+        Err(ApiError::invalid(
+            resource.group(),
+            resource.kind(),
+            name,
+            causes,
+        ))
     }
 }
 

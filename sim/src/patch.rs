@@ -56,8 +56,12 @@ pub fn apply(patch_type: PatchType, target: &Value, body: &[u8]) -> Result<Value
         PatchType::Json => {
             let operations: json_patch::Patch = serde_json::from_value(patch)
                 .map_err(|e| ApiError::bad_request(format!("error decoding JSON patch: {e}")))?;
-            json_patch::patch(&mut patched, &operations)
-                .map_err(|e| ApiError::new(Reason::Invalid, format!("the server rejected our request due to an error in our request: {e}")))?;
+            json_patch::patch(&mut patched, &operations).map_err(|e| {
+                ApiError::new(
+                    Reason::Invalid,
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                )
+            })?;
         }
     }
     Ok(patched)
@@ -66,9 +70,16 @@ pub fn apply(patch_type: PatchType, target: &Value, body: &[u8]) -> Result<Value
 /// The merge key of a list field, as the core/v1 and meta/v1 types declare it.
 fn merge_key(field: &str) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
-        | "imagePullSecrets" | "containerStatuses" | "initContainerStatuses"
-        | "ephemeralContainerStatuses" | "resourceClaims" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "containerStatuses"
+        | "initContainerStatuses"
+        | "ephemeralContainerStatuses"
+        | "resourceClaims" => Some("name"),
         "ports" => Some("containerPort"),
         "volumeMounts" => Some("mountPath"),
         "conditions" => Some("type"),
@@ -101,7 +112,8 @@ fn strategic_merge_map(target: &mut Value, patch: &Map<String, Value>) -> Result
             continue;
         }
         if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(items)), Value::Array(removed)) = (object.get_mut(field), value)
+            if let (Some(Value::Array(items)), Value::Array(removed)) =
+                (object.get_mut(field), value)
             {
                 items.retain(|item| !removed.contains(item));
             }
@@ -169,7 +181,9 @@ fn merge_list(field: &str, current: Option<&Value>, patch: &[Value]) -> Result<V
             )));
         };
         let wanted = fields.get(key);
-        let found = merged.iter().position(|existing| existing.get(key) == wanted);
+        let found = merged
+            .iter()
+            .position(|existing| existing.get(key) == wanted);
         let deleting = fields.get("$patch").and_then(Value::as_str) == Some("delete");
         match (found, deleting) {
             (Some(at), true) => {

@@ -105,7 +105,9 @@ impl Resource {
     /// The resource served at `group/version` with this plural, if any.
     pub fn find(group: &str, version: &str, plural: &str) -> Option<Resource> {
         Resource::ALL.into_iter().find(|resource| {
-            resource.group() == group && resource.version() == version && resource.plural() == plural
+            resource.group() == group
+                && resource.version() == version
+                && resource.plural() == plural
         })
     }
 

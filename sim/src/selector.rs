@@ -38,7 +38,9 @@ impl LabelSelector {
             match tokens.next() {
                 None => break,
                 Some(Token::Comma) => continue,
-                Some(other) => return Err(unparsable(input, &format!("found '{other}', expected ','"))),
+                Some(other) => {
+                    return Err(unparsable(input, &format!("found '{other}', expected ','")));
+                }
             }
         }
         Ok(LabelSelector(requirements))
@@ -51,12 +53,14 @@ impl LabelSelector {
             Requirement::DoesNotExist(key) => !labels.contains_key(key),
             Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
             Requirement::NotIn(key, values) => labels.get(key).is_none_or(|v| !values.contains(v)),
-            Requirement::GreaterThan(key, n) => {
-                labels.get(key).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v > *n)
-            }
-            Requirement::LessThan(key, n) => {
-                labels.get(key).and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < *n)
-            }
+            Requirement::GreaterThan(key, n) => labels
+                .get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v > *n),
+            Requirement::LessThan(key, n) => labels
+                .get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|v| v < *n),
         })
     }
 
@@ -173,9 +177,12 @@ fn parse_requirement(tokens: &mut Tokens, input: &str) -> Result<Requirement, Ap
                 Some(Token::Word(word)) => word,
                 _ => return Err(unparsable(input, "expected an integer after '>' or '<'")),
             };
-            let n = value
-                .parse::<i64>()
-                .map_err(|_| unparsable(input, &format!("for '<', '>' operators, the value must be an integer, not {value:?}")))?;
+            let n = value.parse::<i64>().map_err(|_| {
+                unparsable(
+                    input,
+                    &format!("for '<', '>' operators, the value must be an integer, not {value:?}"),
+                )
+            })?;
             Ok(if op == Token::Greater {
                 Requirement::GreaterThan(key, n)
             } else {
@@ -202,11 +209,17 @@ fn expect_key(tokens: &mut Tokens, input: &str) -> Result<String, ApiError> {
     match tokens.next() {
         Some(Token::Word(key)) => {
             if let Err(why) = validate_label_key(&key) {
-                return Err(unparsable(input, &format!("key: Invalid value: {key:?}: {why}")));
+                return Err(unparsable(
+                    input,
+                    &format!("key: Invalid value: {key:?}: {why}"),
+                ));
             }
             Ok(key)
         }
-        Some(other) => Err(unparsable(input, &format!("found '{other}', expected: identifier"))),
+        Some(other) => Err(unparsable(
+            input,
+            &format!("found '{other}', expected: identifier"),
+        )),
         None => Err(unparsable(input, "found '', expected: identifier")),
     }
 }
@@ -245,18 +258,27 @@ fn value_set(tokens: &mut Tokens, input: &str) -> Result<Vec<String>, ApiError> 
         }
     }
     if values.is_empty() {
-        return Err(unparsable(input, "for 'in', 'notin' operators, values set can't be empty"));
+        return Err(unparsable(
+            input,
+            "for 'in', 'notin' operators, values set can't be empty",
+        ));
     }
     Ok(values)
 }
 
 fn check_value(value: &str, input: &str) -> Result<(), ApiError> {
-    validate_label_value(value)
-        .map_err(|why| unparsable(input, &format!("values[0]: Invalid value: {value:?}: {why}")))
+    validate_label_value(value).map_err(|why| {
+        unparsable(
+            input,
+            &format!("values[0]: Invalid value: {value:?}: {why}"),
+        )
+    })
 }
 
 fn unparsable(input: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!("unable to parse requirement: {why} (in selector {input:?})"))
+    ApiError::bad_request(format!(
+        "unable to parse requirement: {why} (in selector {input:?})"
+    ))
 }
 
 /// Checks a label key: an optional DNS subdomain prefix and `/`, then a name of ≤ 63 characters.

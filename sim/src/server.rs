@@ -40,7 +40,10 @@ impl Server {
                 // Open watches would hold a graceful shutdown forever.
                 watches.drop_watches();
             };
-            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            if let Err(error) = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
                 tracing::error!(%error, "simulator server failed");
             }
         });

@@ -78,7 +78,11 @@ impl Store {
     }
 
     /// Inserts a new object (prepared by `object::prepare_create`) at the next revision.
-    pub fn insert(&mut self, resource: Resource, mut value: Value) -> Result<Arc<Stored>, ApiError> {
+    pub fn insert(
+        &mut self,
+        resource: Resource,
+        mut value: Value,
+    ) -> Result<Arc<Stored>, ApiError> {
         let rv = self.head + 1;
         set_resource_version(&mut value, rv);
         let stored = Arc::new(Stored::from_value(resource, &value)?);
@@ -97,7 +101,11 @@ impl Store {
     /// Replaces an object's value at the next revision, unless nothing changed.
     pub fn replace(&mut self, key: &Key, mut value: Value) -> Result<Arc<Stored>, ApiError> {
         let Some(old) = self.objects.get(key).cloned() else {
-            return Err(ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name));
+            return Err(ApiError::not_found(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+            ));
         };
         set_resource_version(&mut value, old.resource_version);
         if value == old.value()? {
@@ -114,7 +122,11 @@ impl Store {
     /// Removes an object at the next revision; its last state carries that revision.
     pub fn remove(&mut self, key: &Key) -> Result<Arc<Stored>, ApiError> {
         let Some(old) = self.objects.remove(key) else {
-            return Err(ApiError::not_found(key.resource.group(), key.resource.plural(), &key.name));
+            return Err(ApiError::not_found(
+                key.resource.group(),
+                key.resource.plural(),
+                &key.name,
+            ));
         };
         let rv = self.head + 1;
         let mut value = old.value()?;
@@ -126,7 +138,12 @@ impl Store {
 
     fn record(&mut self, rv: u64, change: Change, object: Arc<Stored>, old: Option<Arc<Stored>>) {
         self.head = rv;
-        self.log.push_back(Event { rv, change, object, old });
+        self.log.push_back(Event {
+            rv,
+            change,
+            object,
+            old,
+        });
         while self.log.len() > self.retain {
             if let Some(dropped) = self.log.pop_front() {
                 self.compacted_through = dropped.rv;
@@ -166,14 +183,15 @@ impl Store {
             Some(key) => Bound::Excluded(key.clone()),
             None => Bound::Included(low),
         };
-        let in_scope = |key: &Key| {
-            key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
-        };
+        let in_scope =
+            |key: &Key| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns);
         let past_after = |key: &Key| after.is_none_or(|a| key > a);
         let mut view: BTreeMap<Key, Arc<Stored>> = self
             .objects
             .range((lower, Bound::Unbounded))
-            .take_while(|(key, _)| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns))
+            .take_while(|(key, _)| {
+                key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
+            })
             .map(|(key, object)| (key.clone(), object.clone()))
             .collect();
         if at < self.head {

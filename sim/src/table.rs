@@ -7,17 +7,40 @@ use crate::resource::Resource;
 
 /// `columnDefinitions` of a resource's table.
 pub fn columns(resource: Resource) -> Value {
-    let column = |name: &str, kind: &str, format: &str, description: &str| {
-        json!({ "name": name, "type": kind, "format": format, "description": description, "priority": 0 })
-    };
-    let name = column("Name", "string", "name", "Name must be unique within a namespace.");
-    let age = column("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object was created.");
+    let column = |name: &str, kind: &str, format: &str, description: &str| json!({ "name": name, "type": kind, "format": format, "description": description, "priority": 0 });
+    let name = column(
+        "Name",
+        "string",
+        "name",
+        "Name must be unique within a namespace.",
+    );
+    let age = column(
+        "Age",
+        "string",
+        "",
+        "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    );
     match resource {
         Resource::Pods => json!([
             name,
-            column("Ready", "string", "", "The aggregate readiness state of this pod for accepting traffic."),
-            column("Status", "string", "", "The aggregate status of the containers in this pod."),
-            column("Restarts", "string", "", "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted."),
+            column(
+                "Ready",
+                "string",
+                "",
+                "The aggregate readiness state of this pod for accepting traffic."
+            ),
+            column(
+                "Status",
+                "string",
+                "",
+                "The aggregate status of the containers in this pod."
+            ),
+            column(
+                "Restarts",
+                "string",
+                "",
+                "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted."
+            ),
             age,
         ]),
         Resource::Namespaces => json!([
@@ -46,13 +69,27 @@ pub fn row(resource: Resource, object: &Value, full: bool) -> Value {
     let cells = match resource {
         Resource::Pods => {
             let (ready, total, restarts) = readiness(object);
-            json!([name, format!("{ready}/{total}"), pod_status(object), restarts.to_string(), age])
+            json!([
+                name,
+                format!("{ready}/{total}"),
+                pod_status(object),
+                restarts.to_string(),
+                age
+            ])
         }
         Resource::Namespaces => {
-            json!([name, object["status"]["phase"].as_str().unwrap_or("Active"), age])
+            json!([
+                name,
+                object["status"]["phase"].as_str().unwrap_or("Active"),
+                age
+            ])
         }
         Resource::Leases => {
-            json!([name, object["spec"]["holderIdentity"].as_str().unwrap_or(""), age])
+            json!([
+                name,
+                object["spec"]["holderIdentity"].as_str().unwrap_or(""),
+                age
+            ])
         }
     };
     let embedded = if full {
@@ -64,7 +101,13 @@ pub fn row(resource: Resource, object: &Value, full: bool) -> Value {
 }
 
 /// A `Table` holding the given rows; `with_columns` false for watch events after the first.
-pub fn table(resource: Resource, rows: Vec<Value>, resource_version: u64, continue_token: Option<&str>, with_columns: bool) -> Value {
+pub fn table(
+    resource: Resource,
+    rows: Vec<Value>,
+    resource_version: u64,
+    continue_token: Option<&str>,
+    with_columns: bool,
+) -> Value {
     let mut metadata = json!({ "resourceVersion": resource_version.to_string() });
     if let Some(token) = continue_token {
         metadata["continue"] = json!(token);
@@ -75,15 +118,23 @@ pub fn table(resource: Resource, rows: Vec<Value>, resource_version: u64, contin
         "metadata": metadata,
         "rows": rows,
     });
-    table["columnDefinitions"] = if with_columns { columns(resource) } else { Value::Null };
+    table["columnDefinitions"] = if with_columns {
+        columns(resource)
+    } else {
+        Value::Null
+    };
     table
 }
 
 fn readiness(pod: &Value) -> (usize, usize, u64) {
     let total = pod["spec"]["containers"].as_array().map_or(0, Vec::len);
     let statuses = pod["status"]["containerStatuses"].as_array();
-    let ready = statuses.map_or(0, |s| s.iter().filter(|c| c["ready"] == json!(true)).count());
-    let restarts = statuses.map_or(0, |s| s.iter().filter_map(|c| c["restartCount"].as_u64()).sum());
+    let ready = statuses.map_or(0, |s| {
+        s.iter().filter(|c| c["ready"] == json!(true)).count()
+    });
+    let restarts = statuses.map_or(0, |s| {
+        s.iter().filter_map(|c| c["restartCount"].as_u64()).sum()
+    });
     (ready, total, restarts)
 }
 
@@ -97,10 +148,16 @@ fn pod_status(pod: &Value) -> String {
         .or_else(|| pod["status"]["phase"].as_str())
         .unwrap_or("Unknown")
         .to_owned();
-    for (list, prefix) in [("initContainerStatuses", "Init:"), ("containerStatuses", "")] {
+    for (list, prefix) in [
+        ("initContainerStatuses", "Init:"),
+        ("containerStatuses", ""),
+    ] {
         for container in pod["status"][list].as_array().into_iter().flatten() {
             let state = &container["state"];
-            if let Some(reason) = state["waiting"]["reason"].as_str().filter(|r| !r.is_empty() && *r != "PodInitializing") {
+            if let Some(reason) = state["waiting"]["reason"]
+                .as_str()
+                .filter(|r| !r.is_empty() && *r != "PodInitializing")
+            {
                 return format!("{prefix}{reason}");
             }
             if let Some(reason) = state["terminated"]["reason"].as_str()

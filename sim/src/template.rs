@@ -86,7 +86,13 @@ impl WorkerPod {
 pub fn label_safe(value: &str) -> String {
     let safe: String = value
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if safe.len() <= 63 && safe == value {
         return safe;

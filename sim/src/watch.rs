@@ -95,7 +95,13 @@ impl Writer {
                 let row = table::row(self.resource, &value, full);
                 let with_columns = !self.columns_sent;
                 self.columns_sent = true;
-                let table = table::table(self.resource, vec![row], object.resource_version, None, with_columns);
+                let table = table::table(
+                    self.resource,
+                    vec![row],
+                    object.resource_version,
+                    None,
+                    with_columns,
+                );
                 chunk.extend_from_slice(table.to_string().as_bytes());
             }
         }
@@ -125,11 +131,18 @@ impl Writer {
         if chunk.is_empty() {
             return Ok(());
         }
-        self.tx.send(chunk.freeze()).await.map_err(|_| "client went away")
+        self.tx
+            .send(chunk.freeze())
+            .await
+            .map_err(|_| "client went away")
     }
 }
 
-async fn run(cluster: Cluster, request: WatchRequest, tx: mpsc::Sender<Bytes>) -> Result<(), &'static str> {
+async fn run(
+    cluster: Cluster,
+    request: WatchRequest,
+    tx: mpsc::Sender<Bytes>,
+) -> Result<(), &'static str> {
     let mut head = cluster.subscribe();
     let mut restarts = cluster.restarts();
     restarts.borrow_and_update();

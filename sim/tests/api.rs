@@ -1,0 +1,436 @@
+//! The request surface through the `kube` client: paging with consistent snapshots, every
+//! label selector operator, field selectors, and the Status errors of the real server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{client, name, server, worker};
+
+fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.reason),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn labelled(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name, "namespace": "airflow", "labels": labels },
+        "spec": { "containers": [{ "name": "base", "image": "busybox:1.36" }] },
+    })
+}
+
+#[tokio::test]
+async fn every_label_selector_operator_selects_like_kube_apiserver() {
+    let sim = server().await;
+    let pods: Api<Pod> = Api::namespaced(client(&sim).await, "airflow");
+    for (pod, labels) in [
+        (
+            "a",
+            json!({ "airflow-worker": "1", "tier": "etl", "try_number": "1" }),
+        ),
+        (
+            "b",
+            json!({ "airflow-worker": "2", "tier": "ml", "try_number": "3" }),
+        ),
+        ("c", json!({ "airflow-worker": "3", "try_number": "10" })),
+        ("d", json!({ "other": "x" })),
+    ] {
+        sim.cluster().create_pod(labelled(pod, labels)).unwrap();
+    }
+    let table: &[(&str, &[&str])] = &[
+        ("", &["a", "b", "c", "d"]),
+        ("airflow-worker", &["a", "b", "c"]),
+        ("!airflow-worker", &["d"]),
+        ("airflow-worker=1", &["a"]),
+        ("airflow-worker==2", &["b"]),
+        ("airflow-worker!=1", &["b", "c", "d"]),
+        ("airflow-worker in (1,3)", &["a", "c"]),
+        ("airflow-worker notin (1,3)", &["b", "d"]),
+        ("airflow-worker,tier=etl", &["a"]),
+        ("airflow-worker,!tier", &["c"]),
+        ("try_number>2", &["b", "c"]),
+        ("try_number<3", &["a"]),
+        (" airflow-worker  in ( 2 , 3 ) , tier ", &["b"]),
+    ];
+    for (selector, expected) in table {
+        let list = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap();
+        let mut names: Vec<_> = list.items.iter().map(name).collect();
+        names.sort();
+        assert_eq!(names, *expected, "selector {selector:?}");
+    }
+    for bad in [
+        "airflow-worker in (1",
+        "=1",
+        "a b",
+        "key=val ue",
+        "x in ()",
+        "k>v",
+        "bad/key/x",
+    ] {
+        let (code, reason) = api_error(pods.list(&ListParams::default().labels(bad)).await);
+        assert_eq!(
+            (code, reason.as_str()),
+            (400, "BadRequest"),
+            "selector {bad:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn field_selectors_filter_by_name_namespace_and_phase() {
+    let sim = server().await;
+    let client = client(&sim).await;
+    for (pod, phase) in [
+        ("p-run", "Running"),
+        ("p-fail", "Failed"),
+        ("p-pend", "Pending"),
+    ] {
+        sim.cluster().create_pod(worker(pod, "1")).unwrap();
+        sim.cluster().set_phase("airflow", pod, phase).unwrap();
+    }
+    let mut other = worker("elsewhere", "1");
+    other["metadata"]["namespace"] = json!("default");
+    sim.cluster().create_pod(other).unwrap();
+    let all: Api<Pod> = Api::all(client.clone());
+    let table: &[(&str, &[&str])] = &[
+        ("status.phase=Failed", &["p-fail"]),
+        ("status.phase!=Pending", &["p-fail", "p-run"]),
+        ("metadata.name=p-run", &["p-run"]),
+        ("metadata.namespace=default", &["elsewhere"]),
+        (
+            "metadata.namespace!=default,status.phase==Pending",
+            &["p-pend"],
+        ),
+    ];
+    for (selector, expected) in table {
+        let list = all
+            .list(&ListParams::default().fields(selector))
+            .await
+            .unwrap();
+        let mut names: Vec<_> = list.items.iter().map(name).collect();
+        names.sort();
+        assert_eq!(names, *expected, "field selector {selector:?}");
+    }
+    let (code, _) = api_error(
+        all.list(&ListParams::default().fields("spec.containers=x"))
+            .await,
+    );
+    assert_eq!(code, 400);
+}
+
+#[tokio::test]
+async fn pages_read_one_consistent_snapshot_and_expire_with_compaction() {
+    let sim = server().await;
+    let pods: Api<Pod> = Api::namespaced(client(&sim).await, "airflow");
+    let names: Vec<String> = (0..25).map(|i| format!("pod-{i:02}")).collect();
+    for pod in &names {
+        sim.cluster().create_pod(worker(pod, "1")).unwrap();
+    }
+    let first = pods.list(&ListParams::default().limit(10)).await.unwrap();
+    let snapshot_rv = first.metadata.resource_version.clone().unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    assert_eq!(first.items.len(), 10);
+
+    // Changes after the first page do not leak into the next pages.
+    sim.cluster()
+        .set_phase("airflow", "pod-15", "Running")
+        .unwrap();
+    sim.cluster()
+        .delete_pod("airflow", "pod-20", Some(0))
+        .unwrap();
+    sim.cluster().create_pod(worker("pod-99", "1")).unwrap();
+
+    let mut seen: Vec<Pod> = first.items;
+    let mut next = Some(token);
+    while let Some(token) = next {
+        let page = pods
+            .list(&ListParams::default().limit(10).continue_token(&token))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.metadata.resource_version.as_deref(),
+            Some(snapshot_rv.as_str())
+        );
+        seen.extend(page.items);
+        next = page.metadata.continue_.filter(|t| !t.is_empty());
+    }
+    let seen_names: Vec<String> = seen.iter().map(name).collect();
+    assert_eq!(
+        seen_names, names,
+        "every pod once, in key order, as of the first page"
+    );
+    let pod_15 = seen.iter().find(|p| name(p) == "pod-15").unwrap();
+    assert_eq!(
+        pod_15.status.as_ref().unwrap().phase.as_deref(),
+        Some("Pending")
+    );
+
+    // A continue token older than the retained history is refused with 410.
+    let first = pods.list(&ListParams::default().limit(10)).await.unwrap();
+    sim.cluster()
+        .set_phase("airflow", "pod-01", "Running")
+        .unwrap();
+    sim.cluster().compact();
+    let token = first.metadata.continue_.unwrap();
+    let (code, reason) = api_error(
+        pods.list(&ListParams::default().limit(10).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"));
+}
+
+#[tokio::test]
+async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
+    let sim = server().await;
+    let client = client(&sim).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "airflow");
+    let pod: Pod = serde_json::from_value(worker("p", "1")).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // 404: missing object, missing namespace.
+    assert_eq!(api_error(pods.get("nope").await), (404, "NotFound".into()));
+    let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "no-such-ns");
+    let mut unplaced = pod.clone();
+    unplaced.metadata.namespace = None;
+    assert_eq!(
+        api_error(elsewhere.create(&PostParams::default(), &unplaced).await).0,
+        404
+    );
+    // A body naming another namespace than the URL is a 400, as on the real server.
+    assert_eq!(
+        api_error(elsewhere.create(&PostParams::default(), &pod).await).0,
+        400
+    );
+    assert_eq!(
+        api_error(pods.delete("nope", &DeleteParams::default()).await).0,
+        404
+    );
+
+    // 409: create twice; replace with a stale resourceVersion.
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &pod).await),
+        (409, "AlreadyExists".into())
+    );
+    let mut stale = pods.get("p").await.unwrap();
+    sim.cluster()
+        .relabel("airflow", "p", "x", Some("1"))
+        .unwrap();
+    stale
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("y".into(), "2".into());
+    assert_eq!(
+        api_error(pods.replace("p", &PostParams::default(), &stale).await),
+        (409, "Conflict".into())
+    );
+    let precondition = json!({ "metadata": { "resourceVersion": "1" , "labels": { "z": "3" } } });
+    assert_eq!(
+        api_error(
+            pods.patch("p", &PatchParams::default(), &Patch::Merge(&precondition))
+                .await
+        )
+        .0,
+        409
+    );
+
+    // 422: invalid names, label values, a pod without containers.
+    let mut bad_name = pod.clone();
+    bad_name.metadata.name = Some("Not_Valid".into());
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &bad_name).await),
+        (422, "Invalid".into())
+    );
+    let long_label = json!({ "metadata": { "labels": { "airflow-worker": "x".repeat(64) } } });
+    assert_eq!(
+        api_error(
+            pods.patch("p", &PatchParams::default(), &Patch::Merge(&long_label))
+                .await
+        )
+        .0,
+        422
+    );
+    let empty: Pod = serde_json::from_value(
+        json!({ "metadata": { "name": "empty" }, "spec": { "containers": [] } }),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &empty).await).0,
+        422
+    );
+
+    // 400: a body that is not an object; a kind that does not belong at the URL.
+    let raw = |method: &str, uri: &str, content_type: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", content_type)
+            .body(body.as_bytes().to_vec())
+            .unwrap()
+    };
+    let malformed = client
+        .request_text(raw(
+            "POST",
+            "/api/v1/namespaces/airflow/pods",
+            "application/json",
+            "{not json",
+        ))
+        .await;
+    assert_eq!(api_error(malformed).0, 400);
+    let wrong_kind = client
+        .request_text(raw(
+            "POST",
+            "/api/v1/namespaces/airflow/pods",
+            "application/json",
+            r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"s"}}"#,
+        ))
+        .await;
+    assert_eq!(api_error(wrong_kind).0, 400);
+    // 415: a patch type the server does not take; 404: a resource it does not serve.
+    let apply_patch = client
+        .request_text(raw(
+            "PATCH",
+            "/api/v1/namespaces/airflow/pods/p",
+            "application/apply-patch+yaml",
+            "{}",
+        ))
+        .await;
+    assert_eq!(api_error(apply_patch).0, 415);
+    let unknown = client
+        .request_text(raw(
+            "GET",
+            "/api/v1/namespaces/airflow/services",
+            "application/json",
+            "",
+        ))
+        .await;
+    assert_eq!(api_error(unknown).0, 404);
+    let unknown_group = client
+        .request_text(raw(
+            "GET",
+            "/apis/apps/v1/deployments",
+            "application/json",
+            "",
+        ))
+        .await;
+    assert_eq!(api_error(unknown_group).0, 404);
+    // The pod is unharmed by all of it.
+    let kept = pods.get("p").await.unwrap();
+    assert_eq!(
+        kept.metadata.labels.unwrap().get("x").map(String::as_str),
+        Some("1")
+    );
+}
+
+#[tokio::test]
+async fn json_and_strategic_patches_edit_labels_annotations_and_lists() {
+    let sim = server().await;
+    let pods: Api<Pod> = Api::namespaced(client(&sim).await, "airflow");
+    sim.cluster().create_pod(worker("p", "1")).unwrap();
+    let strategic = json!({
+        "metadata": { "labels": { "airflow-worker": "7" }, "annotations": { "note": "x" } },
+        "spec": { "containers": [{ "name": "base", "image": "apache/airflow:3.1.8" }] },
+    });
+    let pod = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(&strategic))
+        .await
+        .unwrap();
+    let containers = &pod.spec.as_ref().unwrap().containers;
+    assert_eq!(containers.len(), 1, "merged by name, not appended");
+    assert_eq!(containers[0].image.as_deref(), Some("apache/airflow:3.1.8"));
+    assert_eq!(
+        containers[0].args.as_ref().unwrap()[0],
+        "airflow",
+        "other fields kept"
+    );
+    assert_eq!(support::owner(&pod).as_deref(), Some("7"));
+
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        { "op": "remove", "path": "/metadata/annotations/note" },
+        { "op": "add", "path": "/metadata/labels/airflow_executor_done", "value": "True" },
+    ]))
+    .unwrap();
+    let pod = pods
+        .patch("p", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert!(!pod.metadata.annotations.unwrap().contains_key("note"));
+    assert_eq!(
+        pod.metadata.labels.unwrap()["airflow_executor_done"],
+        "True"
+    );
+
+    let failing: json_patch::Patch = serde_json::from_value(
+        json!([{ "op": "test", "path": "/metadata/name", "value": "other" }]),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(
+            pods.patch("p", &PatchParams::default(), &Patch::<()>::Json(failing))
+                .await
+        )
+        .0,
+        422
+    );
+}
+
+#[tokio::test]
+async fn namespaces_and_leases_are_served() {
+    let sim = server().await;
+    let client = client(&sim).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": "scratch" } })).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "scratch");
+    let mut pod: Pod = serde_json::from_value(worker("in-scratch", "1")).unwrap();
+    pod.metadata.namespace = None;
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // Leases: create, then compare-and-swap updates as leader election does.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "scratch");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": { "name": "podstream-ingest" },
+        "spec": { "holderIdentity": "a", "leaseDurationSeconds": 15 },
+    }))
+    .unwrap();
+    let created = leases.create(&PostParams::default(), &lease).await.unwrap();
+    let mut taken = created.clone();
+    taken.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    let taken = leases
+        .replace("podstream-ingest", &PostParams::default(), &taken)
+        .await
+        .unwrap();
+    assert_eq!(taken.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    let mut late = created;
+    late.spec.as_mut().unwrap().holder_identity = Some("c".into());
+    assert_eq!(
+        api_error(
+            leases
+                .replace("podstream-ingest", &PostParams::default(), &late)
+                .await
+        )
+        .0,
+        409
+    );
+
+    // Deleting a namespace deletes what is in it.
+    namespaces
+        .delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(api_error(pods.get("in-scratch").await).0, 404);
+    assert_eq!(api_error(namespaces.get("scratch").await).0, 404);
+}
