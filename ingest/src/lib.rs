@@ -2,10 +2,18 @@
 //!
 //! - [`projection`]: a worker `Pod` reduced to the `PodEvent` the rules need,
 //!   or a typed reason why it cannot be.
+//! - [`known`]: what the ingest publishes for each observed pod (the pure core: skips,
+//!   owner notices, synthesized deletes).
+//! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
+//!   checkpoint; [`service`]: `podstream ingest`, the watch loop that ties them together.
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
 
+pub mod checkpoint;
+pub mod known;
 pub mod projection;
+pub mod publisher;
+pub mod service;
 pub mod watch_json;
 
 pub use projection::{ProjectionError, project};

@@ -42,7 +42,13 @@ async fn start(retain: usize, pods: usize) -> Server {
     .unwrap();
     for i in 0..pods {
         let name = format!("pod-{i:05}");
-        let pod = WorkerPod::new(&name, "1", "etl", &name, "scheduled__2026-11-30T10:00:00+00:00");
+        let pod = WorkerPod::new(
+            &name,
+            "1",
+            "etl",
+            &name,
+            "scheduled__2026-11-30T10:00:00+00:00",
+        );
         server.cluster().create_pod(pod.to_json()).unwrap();
     }
     server
@@ -71,14 +77,18 @@ async fn baseline(pods: usize, updates: usize) -> f64 {
 async fn fanout(pods: usize, updates: usize) -> f64 {
     let server = start(updates + pods + 16, pods).await;
     let kubeconfig = Kubeconfig::from_yaml(&server.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
     let client = Client::try_from(config).unwrap();
     let from = server.cluster().resource_version();
     let mut watchers = Vec::new();
     for _ in 0..WATCHERS {
-        let request = http::Request::get(format!("/api/v1/namespaces/airflow/pods?watch=true&resourceVersion={from}"))
-            .body(Vec::new())
-            .unwrap();
+        let request = http::Request::get(format!(
+            "/api/v1/namespaces/airflow/pods?watch=true&resourceVersion={from}"
+        ))
+        .body(Vec::new())
+        .unwrap();
         let mut lines = Box::pin(client.request_stream(request).await.unwrap().lines());
         watchers.push(tokio::spawn(async move {
             let mut seen = 0;
@@ -108,15 +118,30 @@ async fn memory_per_event(pods: usize, events: usize) -> (f64, f64) {
     let before = rss_bytes();
     churn(&server, pods, events);
     let after = rss_bytes();
-    let json = server.cluster().pod("airflow", "pod-00000").unwrap().to_string().len();
+    let json = server
+        .cluster()
+        .pod("airflow", "pod-00000")
+        .unwrap()
+        .to_string()
+        .len();
     assert!(server.cluster().retained_events() >= events);
-    ((after.saturating_sub(before)) as f64 / events as f64, json as f64)
+    (
+        (after.saturating_sub(before)) as f64 / events as f64,
+        json as f64,
+    )
 }
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (pods, updates, runs) = if full { (1_000, 100_000, 3) } else { (50, 500, 1) };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (pods, updates, runs) = if full {
+        (1_000, 100_000, 3)
+    } else {
+        (50, 500, 1)
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         for run in 1..=runs {
             let store = baseline(pods, updates).await;

@@ -1,6 +1,9 @@
-//! What every end-to-end test needs: the fixtures and the built `podstream`
-//! binary. (Launchers for nats-server, PostgreSQL and the Kubernetes
-//! simulator join here with the issues that bring those parts.)
+//! What every end-to-end test needs: the fixtures, the built `podstream`
+//! binary, a real `nats-server` ([`nats`]), stock kubectl, and (through
+//! `podstream_sim::Server`) the Kubernetes API simulator.
+
+pub mod bus;
+pub mod nats;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -129,4 +132,31 @@ pub fn kubectl_has_subresource_flag() -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("--subresource"))
         .unwrap_or(false)
+}
+
+/// A kube client for a simulator, configured from the kubeconfig it writes.
+///
+/// # Panics
+/// When the kubeconfig does not load: the simulator writes it itself.
+pub async fn kube_client(server: &podstream_sim::Server) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig())
+        .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("kube config: {e}"));
+    kube::Client::try_from(config).unwrap_or_else(|e| panic!("kube client: {e}"))
+}
+
+/// Sends `tracing` output of the code under test to the test's captured output, filtered by
+/// `PODSTREAM_LOG` (default `warn`). Safe to call from every test.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PODSTREAM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }

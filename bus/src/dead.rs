@@ -1,0 +1,44 @@
+//! Dead letters: what a stage could not use, kept with the reason, so nothing is lost.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+
+/// Header carrying why the item was dead-lettered.
+pub const REASON_HEADER: &str = "Podstream-Reason";
+
+/// Header carrying the subject the item came from or was meant for.
+pub const SOURCE_HEADER: &str = "Podstream-Source";
+
+/// A dead letter ready to publish: the original bytes plus reason headers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// `podstream.dead.<stage>`.
+    pub subject: String,
+    /// A deterministic `Nats-Msg-Id`, so a retried dead letter is stored once.
+    pub msg_id: String,
+    /// Why.
+    pub reason: String,
+    /// Where it came from (a subject, or a pod reference).
+    pub source: String,
+    /// The original bytes, untouched.
+    pub payload: Bytes,
+}
+
+impl DeadLetter {
+    /// The message to publish.
+    pub fn to_publish(&self) -> PublishMessage {
+        let mut headers = HeaderMap::new();
+        // Header values must be one line.
+        headers.insert(REASON_HEADER, one_line(&self.reason).as_str());
+        headers.insert(SOURCE_HEADER, one_line(&self.source).as_str());
+        PublishMessage::build()
+            .headers(headers)
+            .payload(self.payload.clone())
+            .message_id(&self.msg_id)
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
+}

@@ -1,0 +1,239 @@
+//! What the ingest knows of each pod, and what it publishes when it sees one: the pure core of
+//! the ingest, table-tested in `tests/known.rs`.
+//!
+//! Per pod it keeps the last `PodEvent` it published (owner, resourceVersion, the facts the
+//! rules read), never the `Pod`. From that it decides:
+//! - a pod seen again at a revision already published, or an older one → nothing (re-lists,
+//!   restarts, the history replay overlapping the watch);
+//! - a pod whose owner changed → the event on the new owner's subject and a `left` notice on
+//!   the old owner's subject;
+//! - after a re-list, a known pod that was not listed → a synthesized `DELETED`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use podstream_proto::PodEvent;
+use podstream_proto::subject::Subjects;
+use podstream_proto::v1::EventType;
+
+/// Why a message goes on a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The pod's event, on its current owner's subject.
+    Event,
+    /// The same event on the previous owner's subject: the pod left that scheduler.
+    Left,
+}
+
+impl Role {
+    /// The value of the `Podstream-Role` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Event => "event",
+            Role::Left => "left",
+        }
+    }
+}
+
+/// The `Podstream-Role` header: `event`, or `left` for the notice to a previous owner.
+pub const ROLE_HEADER: &str = "Podstream-Role";
+
+/// One message for the pod-events stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// `podstream.pods.<owner>.<uid>`.
+    pub subject: String,
+    /// `Nats-Msg-Id`: `<uid>:<resourceVersion>:<changed|deleted>[:left]`.
+    pub msg_id: String,
+    /// Event or notice.
+    pub role: Role,
+    /// The event.
+    pub event: PodEvent,
+}
+
+/// The deterministic message id of an event: the same fact always gets the same id, so
+/// JetStream drops a re-publish inside its duplicate window.
+///
+/// `ADDED` and `MODIFIED` share the kind `changed`: whether a revision is a pod's first
+/// sighting depends on who saw it (a watch, a re-list, a replay), not on the fact.
+pub fn msg_id(event: &PodEvent, role: Role) -> String {
+    let uid = event.pod.as_ref().map_or("", |p| p.uid.as_str());
+    let kind = match event.r#type() {
+        EventType::Deleted => "deleted",
+        _ => "changed",
+    };
+    match role {
+        Role::Event => format!("{uid}:{}:{kind}", event.resource_version),
+        Role::Left => format!("{uid}:{}:{kind}:left", event.resource_version),
+    }
+}
+
+/// The uid of an event's pod ("" when absent, which projection never produces).
+pub fn uid(event: &PodEvent) -> &str {
+    event.pod.as_ref().map_or("", |p| p.uid.as_str())
+}
+
+fn namespace(event: &PodEvent) -> &str {
+    event.pod.as_ref().map_or("", |p| p.namespace.as_str())
+}
+
+/// Deleted pods remembered (uid → deletion revision), so a late copy of the delete is skipped.
+const TOMBSTONES: usize = 65_536;
+
+/// The last published event of every pod the ingest knows.
+#[derive(Debug, Default, Clone)]
+pub struct KnownPods {
+    pods: HashMap<String, PodEvent>,
+    tombstones: HashMap<String, String>,
+    tombstone_order: VecDeque<String>,
+}
+
+/// Whether revision `candidate` is not newer than `last`: integers compared as such, anything
+/// else only for equality.
+pub fn not_newer(candidate: &str, last: &str) -> bool {
+    match (candidate.parse::<u64>(), last.parse::<u64>()) {
+        (Ok(c), Ok(l)) => c <= l,
+        _ => candidate == last,
+    }
+}
+
+impl KnownPods {
+    /// Knows nothing.
+    pub fn new() -> KnownPods {
+        KnownPods::default()
+    }
+
+    /// Knows the given last events (from the checkpoint).
+    pub fn from_events(events: impl IntoIterator<Item = PodEvent>) -> KnownPods {
+        KnownPods {
+            pods: events
+                .into_iter()
+                .map(|event| (uid(&event).to_owned(), event))
+                .collect(),
+            ..KnownPods::default()
+        }
+    }
+
+    /// How many pods it knows.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether it knows no pod.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The last event of a pod.
+    pub fn get(&self, uid: &str) -> Option<&PodEvent> {
+        self.pods.get(uid)
+    }
+
+    /// What to publish for an observed event, remembering it.
+    ///
+    /// A pod that is not deleted is `ADDED` when the ingest did not know it and `MODIFIED`
+    /// when it did, whichever way it was seen (watch, list, replay); nothing at all is
+    /// published for a revision that is not newer than the last one published.
+    pub fn observe(&mut self, subjects: &Subjects, mut event: PodEvent) -> Vec<Outgoing> {
+        let key = uid(&event).to_owned();
+        let last = self.pods.get(&key);
+        // A revision is one fact: published once, whoever sees it again; older ones are history.
+        if last.is_some_and(|last| not_newer(&event.resource_version, &last.resource_version))
+            || self
+                .tombstones
+                .get(&key)
+                .is_some_and(|gone| not_newer(&event.resource_version, gone))
+        {
+            return Vec::new();
+        }
+        if event.r#type() != EventType::Deleted {
+            event.set_type(if last.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            });
+        }
+        let mut out = Vec::with_capacity(2);
+        out.push(Outgoing {
+            subject: subjects.pod_events(&event.owner, &key),
+            msg_id: msg_id(&event, Role::Event),
+            role: Role::Event,
+            event: event.clone(),
+        });
+        if let Some(last) = last
+            && last.owner != event.owner
+        {
+            out.push(Outgoing {
+                subject: subjects.pod_events(&last.owner, &key),
+                msg_id: msg_id(&event, Role::Left),
+                role: Role::Left,
+                event: event.clone(),
+            });
+        }
+        if event.r#type() == EventType::Deleted {
+            self.pods.remove(&key);
+            self.bury(key, event.resource_version);
+        } else {
+            self.pods.insert(key, event);
+        }
+        out
+    }
+
+    fn bury(&mut self, uid: String, rv: String) {
+        if self.tombstones.insert(uid.clone(), rv).is_none() {
+            self.tombstone_order.push_back(uid);
+        }
+        while self.tombstone_order.len() > TOMBSTONES {
+            if let Some(oldest) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&oldest);
+            }
+        }
+    }
+
+    /// After a (re-)list of `scope` (a namespace, or every namespace for `None`): a synthesized
+    /// `DELETED` for every known pod in scope that was neither listed nor seen since (in
+    /// `listed`), forgetting those pods.
+    ///
+    /// The synthesized event carries the pod's last facts and a resourceVersion one past its
+    /// last, so the rules see it as newer than anything published for the pod.
+    pub fn vanished(
+        &mut self,
+        subjects: &Subjects,
+        scope: Option<&str>,
+        listed: &HashSet<String>,
+    ) -> Vec<Outgoing> {
+        let mut gone: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(uid, event)| {
+                !listed.contains(*uid) && scope.is_none_or(|ns| namespace(event) == ns)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        gone.sort();
+        let mut out = Vec::with_capacity(gone.len());
+        for key in gone {
+            let Some(mut event) = self.pods.remove(&key) else {
+                continue;
+            };
+            event.set_type(EventType::Deleted);
+            event.synthesized = true;
+            event.resource_version = next_revision(&event.resource_version);
+            self.bury(key.clone(), event.resource_version.clone());
+            out.push(Outgoing {
+                subject: subjects.pod_events(&event.owner, &key),
+                msg_id: msg_id(&event, Role::Event),
+                role: Role::Event,
+                event,
+            });
+        }
+        out
+    }
+}
+
+/// A revision just after `rv`: `rv + 1` for etcd revisions, else `rv` with a suffix.
+fn next_revision(rv: &str) -> String {
+    match rv.parse::<u64>() {
+        Ok(n) => (n + 1).to_string(),
+        Err(_) => format!("{rv}+deleted"),
+    }
+}

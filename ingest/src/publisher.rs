@@ -1,0 +1,201 @@
+//! Publishing with a bounded window of in-flight acks. A message counts as published only once
+//! JetStream acked it; on a failure, it and every later message in the window are published
+//! again, in order, until acked (their `Nats-Msg-Id`s make the repeats harmless).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+
+use async_nats::jetstream::{
+    self, context::PublishError, message::PublishMessage, publish::PublishAck,
+};
+use bytes::Bytes;
+use futures::FutureExt;
+use podstream_bus::dead::DeadLetter;
+use prost::Message as _;
+
+use crate::known::{Outgoing, ROLE_HEADER};
+
+/// A message for the bus: a pod event or a dead letter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// A pod event or owner notice.
+    Pod(Box<Outgoing>),
+    /// An item that could not be projected.
+    Dead(DeadLetter),
+}
+
+impl Message {
+    fn subject(&self) -> &str {
+        match self {
+            Message::Pod(out) => &out.subject,
+            Message::Dead(dead) => &dead.subject,
+        }
+    }
+
+    fn to_publish(&self) -> PublishMessage {
+        match self {
+            Message::Pod(out) => {
+                let mut headers = HeaderMap::new();
+                headers.insert(ROLE_HEADER, out.role.as_str());
+                PublishMessage::build()
+                    .headers(headers)
+                    .payload(Bytes::from(out.event.encode_to_vec()))
+                    .message_id(&out.msg_id)
+            }
+            Message::Dead(dead) => dead.to_publish(),
+        }
+    }
+}
+
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+struct InFlight {
+    message: Message,
+    ack: AckFuture,
+}
+
+/// Publishes in order, with at most `window` messages awaiting their ack.
+pub struct Publisher {
+    js: jetstream::Context,
+    window: usize,
+    in_flight: VecDeque<InFlight>,
+    duplicates: u64,
+}
+
+impl Publisher {
+    /// A publisher on a JetStream context.
+    pub fn new(js: jetstream::Context, window: usize) -> Publisher {
+        Publisher {
+            js,
+            window: window.max(1),
+            in_flight: VecDeque::new(),
+            duplicates: 0,
+        }
+    }
+
+    /// Messages JetStream reported as duplicates (re-publishes it dropped).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// Messages awaiting their ack.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Sends a message; returns the messages acked meanwhile, oldest first.
+    pub async fn publish(&mut self, message: Message) -> Vec<Message> {
+        let mut acked = Vec::new();
+        while self.in_flight.len() >= self.window {
+            acked.extend(self.settle_oldest().await);
+        }
+        match self
+            .js
+            .send_publish(message.subject().to_owned(), message.to_publish())
+            .await
+        {
+            Ok(ack) => self.in_flight.push_back(InFlight {
+                message,
+                ack: Box::pin(ack.into_future()),
+            }),
+            Err(error) => {
+                tracing::warn!(subject = message.subject(), %error, "publish failed; retrying in order");
+                acked.extend(self.recover(None, Some(message)).await);
+            }
+        }
+        acked
+    }
+
+    /// The messages whose acks have arrived, oldest first, without waiting for the others.
+    pub async fn poll_acked(&mut self) -> Vec<Message> {
+        let mut acked = Vec::new();
+        while let Some(oldest) = self.in_flight.front_mut() {
+            match (&mut oldest.ack).now_or_never() {
+                None => break,
+                Some(Ok(ack)) => {
+                    if ack.duplicate {
+                        self.duplicates += 1;
+                    }
+                    if let Some(done) = self.in_flight.pop_front() {
+                        acked.push(done.message);
+                    }
+                }
+                Some(Err(error)) => {
+                    let Some(failed) = self.in_flight.pop_front() else {
+                        break;
+                    };
+                    tracing::warn!(subject = failed.message.subject(), %error, "publish not acked; republishing the window in order");
+                    acked.extend(self.recover(Some(failed.message), None).await);
+                }
+            }
+        }
+        acked
+    }
+
+    /// Waits for every in-flight ack; returns the acked messages, oldest first.
+    pub async fn drain(&mut self) -> Vec<Message> {
+        let mut acked = Vec::new();
+        while !self.in_flight.is_empty() {
+            acked.extend(self.settle_oldest().await);
+        }
+        acked
+    }
+
+    async fn settle_oldest(&mut self) -> Vec<Message> {
+        let Some(oldest) = self.in_flight.pop_front() else {
+            return Vec::new();
+        };
+        match oldest.ack.await {
+            Ok(ack) => {
+                if ack.duplicate {
+                    self.duplicates += 1;
+                }
+                vec![oldest.message]
+            }
+            Err(error) => {
+                tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
+                self.recover(Some(oldest.message), None).await
+            }
+        }
+    }
+
+    /// Publishes `first`, every in-flight message, then `last` again, in that order, one at a
+    /// time, each until acked.
+    async fn recover(&mut self, first: Option<Message>, last: Option<Message>) -> Vec<Message> {
+        let mut pending: Vec<Message> = first.into_iter().collect();
+        pending.extend(self.in_flight.drain(..).map(|f| f.message));
+        pending.extend(last);
+        let mut acked = Vec::with_capacity(pending.len());
+        for message in pending {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                let attempt = async {
+                    let ack = self
+                        .js
+                        .send_publish(message.subject().to_owned(), message.to_publish())
+                        .await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ack.await?)
+                };
+                match attempt.await {
+                    Ok(ack) => {
+                        if ack.duplicate {
+                            self.duplicates += 1;
+                        }
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(subject = message.subject(), %error, retry_in_ms = delay.as_millis() as u64, "publish failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            acked.push(message);
+        }
+        acked
+    }
+}

@@ -1,0 +1,400 @@
+//! `podstream ingest`: watch every worker pod, publish each event once, checkpoint, repeat.
+//!
+//! Start: connect to NATS (retrying), make the streams and the checkpoint bucket ready, load
+//! the checkpoint. Then kube-runtime's `watcher` lists and watches. Every list (the first, and
+//! one after each 410) is held back until it is complete, and then:
+//! 1. if the ingest knows a revision it had reached (from the checkpoint, or its own watch),
+//!    the apiserver's history since that revision is replayed with a short watch, so changes
+//!    made while nobody watched arrive one by one, in order (a 410 skips this step);
+//! 2. the listed pods follow: those at a revision already published are skipped, newer ones
+//!    are published (changes whose history was gone arrive collapsed into their last state);
+//! 3. pods the ingest knew that were neither listed nor replayed vanished unseen: each gets a
+//!    synthesized delete.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures::{StreamExt, stream::BoxStream};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, WatchEvent, WatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use podstream_bus::dead::DeadLetter;
+use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::PodEvent;
+use podstream_proto::subject::{Stage, Subjects};
+use podstream_proto::v1::EventType;
+
+use crate::checkpoint::Checkpoint;
+use crate::known::{KnownPods, Outgoing};
+use crate::projection::{OWNER_LABEL, project};
+use crate::publisher::{Message, Publisher};
+
+/// How long a history replay waits for the next event before it counts as caught up.
+const REPLAY_IDLE: Duration = Duration::from_millis(200);
+
+/// How the ingest runs.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Subject prefix (`podstream`).
+    pub prefix: String,
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    /// The kubeconfig context, when not the current one.
+    pub kube_context: Option<String>,
+    /// Settings of the streams it creates.
+    pub streams: StreamSettings,
+    /// Publishes awaiting their ack at most.
+    pub ack_window: usize,
+    /// The checkpoint KV bucket.
+    pub checkpoint_bucket: String,
+    /// How often acked events are written to the checkpoint.
+    pub checkpoint_interval: Duration,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            prefix: "podstream".into(),
+            namespaces: Vec::new(),
+            kube_context: None,
+            streams: StreamSettings::default(),
+            ack_window: 1024,
+            checkpoint_bucket: "podstream-ingest".into(),
+            checkpoint_interval: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Counters the ingest reports when it stops.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IngestStats {
+    /// Pod events and owner notices acked.
+    pub published: u64,
+    /// Synthesized deletes among them.
+    pub synthesized: u64,
+    /// Dead letters acked.
+    pub dead_lettered: u64,
+    /// Watch events skipped because their revision was published already.
+    pub skipped: u64,
+}
+
+/// A Kubernetes client inferred like kubectl (`KUBECONFIG`, `~/.kube/config`, in-cluster),
+/// with another context when asked.
+pub async fn kube_client(context: Option<&str>) -> anyhow::Result<kube::Client> {
+    let config = match context {
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+        Some(context) => {
+            let options = kube::config::KubeConfigOptions {
+                context: Some(context.to_owned()),
+                ..Default::default()
+            };
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .with_context(|| format!("kubeconfig context {context}"))?
+        }
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Runs until `shutdown` resolves, then drains in-flight acks and the checkpoint.
+pub async fn run(
+    config: IngestConfig,
+    kube: kube::Client,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<IngestStats> {
+    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
+    let nats = podstream_bus::connect(&config.nats_url, "podstream-ingest").await;
+    let js = jetstream::new(nats);
+    for stream in [
+        streams::pods_stream(&config.prefix, &config.streams),
+        streams::dead_stream(&config.prefix, &config.streams),
+    ] {
+        streams::ensure(&js, stream).await?;
+    }
+    let mut checkpoint =
+        Checkpoint::open(&js, &config.checkpoint_bucket, config.streams.replicas).await?;
+    let restored = checkpoint.load().await?;
+    tracing::info!(pods = restored.pods.len(), resume = ?restored.resume, "checkpoint loaded");
+    let mut ingest = Ingest {
+        cursor: None,
+        subjects,
+        known: KnownPods::from_events(restored.pods),
+        publisher: Publisher::new(js, config.ack_window),
+        checkpoint,
+        stats: IngestStats::default(),
+    };
+    let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
+        vec![None]
+    } else {
+        config.namespaces.iter().cloned().map(Some).collect()
+    };
+    let apis: Vec<(Option<String>, Api<Pod>)> = scopes
+        .into_iter()
+        .map(|scope| {
+            let api = match &scope {
+                Some(ns) => Api::namespaced(kube.clone(), ns),
+                None => Api::all(kube.clone()),
+            };
+            (scope, api)
+        })
+        .collect();
+
+    ingest.cursor = restored.resume;
+    tokio::pin!(shutdown);
+    let mut events = watch_all(&apis);
+    let mut listings: Vec<Option<Listing>> = (0..apis.len()).map(|_| None).collect();
+    let mut tick = tokio::time::interval(config.checkpoint_interval);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => ingest.checkpoint_acked().await,
+            item = events.next() => {
+                let Some((index, item)) = item else { break };
+                let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
+                match item {
+                    Ok(watcher::Event::Init) => listings[index] = Some(Listing::default()),
+                    Ok(watcher::Event::InitApply(pod)) => {
+                        let listing = listings[index].get_or_insert_with(Listing::default);
+                        if let Some(uid) = pod.metadata.uid.clone() {
+                            listing.seen.insert(uid);
+                        }
+                        listing.items.push(ingest.project(EventType::Added, &pod));
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let listing = listings[index].take().unwrap_or_default();
+                        let api = apis.get(index).map(|(_, api)| api.clone());
+                        ingest.after_list(scope.as_deref(), api, listing).await;
+                    }
+                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, &pod).await,
+                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, &pod).await,
+                    Err(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
+                }
+            }
+        }
+    }
+    ingest.stop().await
+}
+
+/// One watcher per scope, merged; items carry their scope's index.
+fn watch_all(
+    apis: &[(Option<String>, Api<Pod>)],
+) -> BoxStream<'static, (usize, Result<watcher::Event<Pod>, watcher::Error>)> {
+    let streams: Vec<_> = apis
+        .iter()
+        .enumerate()
+        .map(|(index, (_, api))| {
+            // Every worker pod, whoever owns it: the label must exist, any value.
+            let config = watcher::Config::default().labels(OWNER_LABEL);
+            watcher(api.clone(), config)
+                .default_backoff()
+                .map(move |item| (index, item))
+                .boxed()
+        })
+        .collect();
+    futures::stream::select_all(streams).boxed()
+}
+
+/// A list in progress: held back until complete.
+#[derive(Default)]
+struct Listing {
+    seen: HashSet<String>,
+    items: Vec<Projected>,
+}
+
+/// A pod as projected: its event, or the dead letter it becomes.
+enum Projected {
+    Event(Box<PodEvent>),
+    Unusable(DeadLetter),
+}
+
+struct Ingest {
+    /// The newest revision seen in watch order: where a history replay starts.
+    cursor: Option<u64>,
+    subjects: Subjects,
+    known: KnownPods,
+    publisher: Publisher,
+    checkpoint: Checkpoint,
+    stats: IngestStats,
+}
+
+impl Ingest {
+    /// Publishes a completed list: history replayed first, then the listed pods, then
+    /// synthesized deletes for known pods that vanished.
+    async fn after_list(&mut self, scope: Option<&str>, api: Option<Api<Pod>>, listing: Listing) {
+        let mut seen = listing.seen;
+        if let (Some(rv), Some(api)) = (self.cursor, api) {
+            seen.extend(self.replay(scope, &api, rv).await);
+        }
+        let listed = listing.items.len();
+        for item in listing.items {
+            match item {
+                Projected::Event(event) => self.publish_event(*event).await,
+                Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
+            }
+        }
+        let synthesized = self.known.vanished(&self.subjects, scope, &seen);
+        if !synthesized.is_empty() {
+            tracing::info!(count = synthesized.len(), namespace = ?scope, "pods vanished while unwatched; synthesizing deletes");
+        }
+        for out in synthesized {
+            self.send(Message::Pod(Box::new(out))).await;
+        }
+        tracing::info!(namespace = ?scope, listed, known = self.known.len(), "list done; watching");
+        self.checkpoint_acked().await;
+    }
+
+    /// Replays the apiserver's history after `rv` with a short watch; returns the uids seen.
+    /// A 410 (history gone) or an error ends it early: the list then stands for what is lost.
+    async fn replay(&mut self, scope: Option<&str>, api: &Api<Pod>, rv: u64) -> HashSet<String> {
+        let mut touched = HashSet::new();
+        let params = WatchParams::default()
+            .labels(OWNER_LABEL)
+            .timeout(1)
+            .disable_bookmarks();
+        let mut stream = match api.watch(&params, &rv.to_string()).await {
+            Ok(stream) => stream.boxed(),
+            Err(error) => {
+                tracing::warn!(namespace = ?scope, %error, "cannot replay history; the list stands for it");
+                return touched;
+            }
+        };
+        // History arrives at once; a quiet moment means the replay has caught up, and the
+        // list stands for anything after it.
+        while let Ok(Some(item)) = tokio::time::timeout(REPLAY_IDLE, stream.next()).await {
+            let (kind, pod) = match item {
+                Ok(WatchEvent::Added(pod)) => (EventType::Added, pod),
+                Ok(WatchEvent::Modified(pod)) => (EventType::Modified, pod),
+                Ok(WatchEvent::Deleted(pod)) => (EventType::Deleted, pod),
+                Ok(WatchEvent::Bookmark(_)) => continue,
+                Ok(WatchEvent::Error(status)) => {
+                    tracing::info!(namespace = ?scope, code = status.code, message = %status.message, "history since the last revision is gone; the list stands for it");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(namespace = ?scope, %error, "history replay interrupted; the list stands for the rest");
+                    break;
+                }
+            };
+            if let Some(uid) = pod.metadata.uid.clone() {
+                touched.insert(uid);
+            }
+            self.observe(kind, &pod).await;
+        }
+        tracing::info!(namespace = ?scope, replayed = touched.len(), from = rv, "replayed history");
+        touched
+    }
+
+    fn project(&self, kind: EventType, pod: &Pod) -> Projected {
+        match project(kind, pod) {
+            Ok(event) => Projected::Event(Box::new(event)),
+            Err(error) => {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let rv = pod.metadata.resource_version.clone().unwrap_or_default();
+                tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %error, "unusable pod; dead-lettered");
+                let payload = serde_json::to_vec(pod).map(Bytes::from).unwrap_or_default();
+                Projected::Unusable(DeadLetter {
+                    subject: self.subjects.dead_letters(Stage::Ingest),
+                    msg_id: format!("{uid}:{rv}:dead"),
+                    reason: error.to_string(),
+                    source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
+                    payload,
+                })
+            }
+        }
+    }
+
+    async fn publish_event(&mut self, event: PodEvent) {
+        if let Ok(rv) = event.resource_version.parse::<u64>()
+            && self.cursor.is_none_or(|c| rv > c)
+        {
+            self.cursor = Some(rv);
+        }
+        let outgoing = self.known.observe(&self.subjects, event);
+        if outgoing.is_empty() {
+            self.stats.skipped += 1;
+        }
+        for out in outgoing {
+            self.send(Message::Pod(Box::new(out))).await;
+        }
+    }
+
+    async fn observe(&mut self, kind: EventType, pod: &Pod) {
+        match self.project(kind, pod) {
+            Projected::Event(event) => self.publish_event(*event).await,
+            Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
+        }
+    }
+
+    async fn send(&mut self, message: Message) {
+        // Boxed in `Message`, so the window holds pointers, not 500-byte events.
+        let acked = self.publisher.publish(message).await;
+        self.acked(acked);
+    }
+
+    fn acked(&mut self, acked: Vec<Message>) {
+        for message in acked {
+            match message {
+                Message::Pod(out) => {
+                    log_published(&out);
+                    self.stats.published += 1;
+                    if out.event.synthesized {
+                        self.stats.synthesized += 1;
+                    }
+                    self.checkpoint.record(&out);
+                }
+                Message::Dead(_) => self.stats.dead_lettered += 1,
+            }
+        }
+    }
+
+    /// Records the acks that arrived and writes the checkpoint.
+    async fn checkpoint_acked(&mut self) {
+        let acked = self.publisher.poll_acked().await;
+        self.acked(acked);
+        if let Err(error) = self.checkpoint.flush().await {
+            // A stale checkpoint only means republishing (deduplicated) after a restart.
+            tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry");
+        }
+    }
+
+    async fn stop(mut self) -> anyhow::Result<IngestStats> {
+        let acked = self.publisher.drain().await;
+        self.acked(acked);
+        self.checkpoint.flush().await?;
+        tracing::info!(
+            published = self.stats.published,
+            synthesized = self.stats.synthesized,
+            dead_lettered = self.stats.dead_lettered,
+            skipped = self.stats.skipped,
+            duplicates = self.publisher.duplicates(),
+            "ingest stopped"
+        );
+        Ok(self.stats)
+    }
+}
+
+fn log_published(out: &Outgoing) {
+    let event: &PodEvent = &out.event;
+    let pod = event.pod.as_ref();
+    tracing::debug!(
+        pod = pod.map_or("", |p| p.name.as_str()),
+        uid = pod.map_or("", |p| p.uid.as_str()),
+        owner = %event.owner,
+        ti = %event.task.as_ref().map(ToString::to_string).unwrap_or_default(),
+        rv = %event.resource_version,
+        role = out.role.as_str(),
+        subject = %out.subject,
+        "published"
+    );
+}

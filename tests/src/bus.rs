@@ -1,0 +1,134 @@
+//! Reading what podstream wrote to JetStream, for assertions.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use futures::StreamExt;
+use podstream_proto::PodEvent;
+use prost::Message as _;
+
+/// One stored message, decoded as far as the tests care.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// Stream sequence.
+    pub sequence: u64,
+    /// Subject.
+    pub subject: String,
+    /// Headers as (name, value) pairs.
+    pub headers: Vec<(String, String)>,
+    /// The raw payload.
+    pub payload: bytes::Bytes,
+}
+
+impl Stored {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The payload as a `PodEvent`.
+    ///
+    /// # Panics
+    /// When it is not one.
+    pub fn pod_event(&self) -> PodEvent {
+        PodEvent::decode(self.payload.as_ref())
+            .unwrap_or_else(|e| panic!("seq {} is not a PodEvent: {e}", self.sequence))
+    }
+}
+
+/// How many messages a stream holds now (0 when it does not exist yet).
+pub async fn count(js: &jetstream::Context, stream: &str) -> u64 {
+    match js.get_stream(stream).await {
+        Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+/// Waits until the stream holds at least `n` messages and then no more arrive for `quiet`.
+///
+/// # Panics
+/// After `timeout`.
+pub async fn settle(
+    js: &jetstream::Context,
+    stream: &str,
+    n: u64,
+    quiet: Duration,
+    timeout: Duration,
+) -> u64 {
+    let started = Instant::now();
+    let mut last = u64::MAX;
+    let mut since = Instant::now();
+    loop {
+        let now = count(js, stream).await;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+        if now >= n && since.elapsed() >= quiet {
+            return now;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "stream {stream} holds {now} messages, expected at least {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every message of a stream, in order.
+///
+/// # Panics
+/// When the stream cannot be read.
+pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
+    let total = count(js, stream).await;
+    let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    if total == 0 {
+        return out;
+    }
+    let stream = js
+        .get_stream(stream)
+        .await
+        .unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+    let consumer = stream
+        .create_consumer(OrderedConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("ordered consumer: {e}"));
+    let mut messages = consumer
+        .messages()
+        .await
+        .unwrap_or_else(|e| panic!("messages: {e}"));
+    while (out.len() as u64) < total {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("timed out reading message {} of {total}", out.len() + 1))
+            .unwrap_or_else(|| panic!("stream ended early"))
+            .unwrap_or_else(|e| panic!("reading: {e}"));
+        let sequence = message
+            .info()
+            .map(|i| i.stream_sequence)
+            .unwrap_or_default();
+        let headers = message
+            .headers
+            .as_ref()
+            .map(|h| {
+                h.iter()
+                    .flat_map(|(name, values)| {
+                        values
+                            .iter()
+                            .map(move |v| (name.to_string(), v.to_string()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Stored {
+            sequence,
+            subject: message.subject.to_string(),
+            headers,
+            payload: message.payload.clone(),
+        });
+    }
+    out
+}

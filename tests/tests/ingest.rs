@@ -1,0 +1,656 @@
+//! `podstream ingest` against a real nats-server and the simulator: every (uid, resourceVersion)
+//! once, on the right subject, across kills, 410s and NATS restarts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use podstream_ingest::service::{self, IngestConfig, IngestStats};
+use podstream_proto::subject::Subjects;
+use podstream_proto::v1::EventType;
+use podstream_sim::{Cluster, Deletion, Server, SimConfig, WorkerPod};
+use podstream_tests::bus::{self, Stored};
+use podstream_tests::kube_client;
+use podstream_tests::nats::NatsServer;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const PODS: &str = "PODSTREAM_PODS";
+
+struct Ingest {
+    task: JoinHandle<anyhow::Result<IngestStats>>,
+    stop: oneshot::Sender<()>,
+}
+
+async fn start_ingest(sim: &Server, nats: &str) -> Ingest {
+    podstream_tests::init_tracing();
+    let config = IngestConfig {
+        nats_url: nats.to_owned(),
+        checkpoint_interval: Duration::from_millis(50),
+        ..IngestConfig::default()
+    };
+    let kube = kube_client(sim).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(service::run(config, kube, async move {
+        let _ = stopped.await;
+    }));
+    Ingest { task, stop }
+}
+
+impl Ingest {
+    async fn stop(self) -> IngestStats {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap()
+    }
+
+    /// As kill -9 would: no drain, no checkpoint flush, the connection just drops.
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+async fn sim() -> Server {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let config = SimConfig {
+        namespaces: vec!["airflow".into()],
+        bookmark_interval: Duration::from_millis(500),
+        ..SimConfig::default()
+    };
+    Server::start(addr, config).await.unwrap()
+}
+
+async fn jetstream(url: &str) -> jetstream::Context {
+    jetstream::new(async_nats::connect(url).await.unwrap())
+}
+
+/// One fact of the scenario: a pod at a revision, with its owner then.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Fact {
+    uid: String,
+    rv: u64,
+    owner: String,
+    deleted: bool,
+}
+
+fn fact(pod: &Value, deleted: bool) -> Fact {
+    Fact {
+        uid: pod["metadata"]["uid"].as_str().unwrap().to_owned(),
+        rv: pod["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap(),
+        owner: pod["metadata"]["labels"]["airflow-worker"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        deleted,
+    }
+}
+
+/// Drives pods through the control API and records every change as a fact.
+struct Scenario {
+    cluster: Cluster,
+    facts: Vec<Fact>,
+    relabels: Vec<(Fact, String)>,
+}
+
+impl Scenario {
+    fn new(cluster: &Cluster) -> Scenario {
+        Scenario {
+            cluster: cluster.clone(),
+            facts: Vec::new(),
+            relabels: Vec::new(),
+        }
+    }
+
+    fn create(&mut self, name: &str, owner: &str) {
+        let pod = WorkerPod::new(
+            name,
+            owner,
+            "etl",
+            name,
+            "scheduled__2026-11-30T10:00:00+00:00",
+        );
+        let created = self.cluster.create_pod(pod.to_json()).unwrap();
+        self.facts.push(fact(&created, false));
+    }
+
+    fn phase(&mut self, name: &str, phase: &str) {
+        let pod = self.cluster.set_phase("airflow", name, phase).unwrap();
+        self.facts.push(fact(&pod, false));
+    }
+
+    fn relabel(&mut self, name: &str, owner: &str) {
+        let before = self.cluster.pod("airflow", name).unwrap();
+        let old_owner = before["metadata"]["labels"]["airflow-worker"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let pod = self
+            .cluster
+            .relabel("airflow", name, "airflow-worker", Some(owner))
+            .unwrap();
+        let fact = fact(&pod, false);
+        self.relabels.push((fact.clone(), old_owner));
+        self.facts.push(fact);
+    }
+
+    fn delete(&mut self, name: &str) {
+        let Deletion::Gone(last) = self.cluster.delete_pod("airflow", name, Some(0)).unwrap()
+        else {
+            panic!("grace 0 deletes at once")
+        };
+        self.facts.push(fact(&last.value().unwrap(), true));
+    }
+
+    /// Step `step` of pod `i`'s life: create, run, maybe relabel, end, maybe delete.
+    fn step(&mut self, i: usize, step: usize) {
+        let name = format!("pod-{i:04}");
+        match step {
+            0 => self.create(&name, &(1 + i % 3).to_string()),
+            1 => self.phase(&name, "Running"),
+            2 if i.is_multiple_of(10) => self.relabel(&name, &(1 + (i + 1) % 3).to_string()),
+            3 => self.phase(
+                &name,
+                if i.is_multiple_of(2) {
+                    "Succeeded"
+                } else {
+                    "Failed"
+                },
+            ),
+            4 if i.is_multiple_of(5) => self.delete(&name),
+            _ => {}
+        }
+    }
+}
+
+const STEPS: usize = 5;
+
+/// A stored event: the fact, its subject, whether it was synthesized.
+type StoredEvent = (Fact, String, bool);
+/// A stored owner notice: uid, resourceVersion, the owner whose subject carries it.
+type Notice = (String, u64, String);
+
+/// The role=event messages as facts, and the role=left messages as notices.
+fn read_facts(stored: &[Stored]) -> (Vec<StoredEvent>, Vec<Notice>) {
+    let subjects = Subjects::new("podstream").unwrap();
+    let mut events = Vec::new();
+    let mut notices = Vec::new();
+    for message in stored {
+        let event = message.pod_event();
+        let (subject_owner, subject_uid) = subjects.parse(&message.subject).unwrap();
+        let uid = event.pod.as_ref().unwrap().uid.clone();
+        assert_eq!(subject_uid, uid, "subject names the pod");
+        let rv: u64 = event.resource_version.parse().unwrap();
+        match message.header("Podstream-Role") {
+            Some("event") => {
+                assert_eq!(
+                    subject_owner, event.owner,
+                    "an event goes on its owner's subject"
+                );
+                let fact = Fact {
+                    uid,
+                    rv,
+                    owner: event.owner.clone(),
+                    deleted: event.r#type() == EventType::Deleted,
+                };
+                events.push((fact, message.subject.clone(), event.synthesized));
+            }
+            Some("left") => notices.push((uid, rv, subject_owner)),
+            other => panic!("unexpected role {other:?}"),
+        }
+    }
+    (events, notices)
+}
+
+/// Per pod, events are stored in increasing resourceVersion order.
+fn assert_ordered_per_pod(events: &[StoredEvent]) {
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (fact, _, _) in events {
+        if let Some(previous) = last.insert(&fact.uid, fact.rv) {
+            assert!(
+                fact.rv > previous,
+                "pod {} went from rv {previous} back to {}",
+                fact.uid,
+                fact.rv
+            );
+        }
+    }
+}
+
+/// Waits for the ingest to have listed: a sentinel pod must reach the stream.
+async fn wait_until_watching(js: &jetstream::Context, scenario: &mut Scenario) {
+    scenario.create("sentinel", "0");
+    bus::settle(
+        js,
+        PODS,
+        1,
+        Duration::from_millis(1),
+        Duration::from_secs(30),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+
+    for step in 0..STEPS {
+        for i in 0..1000 {
+            scenario.step(i, step);
+        }
+    }
+    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
+    bus::settle(
+        &js,
+        PODS,
+        expected,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stats = ingest.stop().await;
+
+    let stored = bus::read_all(&js, PODS).await;
+    let (events, notices) = read_facts(&stored);
+    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
+    let mut want = scenario.facts.clone();
+    got.sort();
+    want.sort();
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "every (uid, resourceVersion) exactly once"
+    );
+    assert!(got == want, "the stream holds exactly the scenario's facts");
+    assert_ordered_per_pod(&events);
+    assert!(events.iter().all(|(_, _, synthesized)| !synthesized));
+
+    // Each relabel: the new owner's subject has the event, the old owner's the notice.
+    let notices: HashSet<Notice> = notices.into_iter().collect();
+    assert_eq!(notices.len(), scenario.relabels.len());
+    for (fact, old_owner) in &scenario.relabels {
+        assert!(
+            notices.contains(&(fact.uid.clone(), fact.rv, old_owner.clone())),
+            "no notice to {old_owner} for {fact:?}"
+        );
+    }
+    assert_eq!(stats.published, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let mut ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+
+    // 300 pods, their steps interleaved; the ingest is killed at 20 pseudo-random steps and
+    // restarted a few steps later, so changes happen both in flight and while it is down.
+    let pods = 300;
+    let mut order: Vec<(usize, usize)> = (0..STEPS)
+        .flat_map(|s| (0..pods).map(move |i| (i, s)))
+        .collect();
+    let mut seed: u64 = 0x5eed;
+    let mut random = move |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize % n
+    };
+    // Interleave pods but keep each pod's own steps in order: sort by a random key per step
+    // that grows with the step.
+    order.sort_by_key(|&(i, s)| (s * pods + (i * 7919) % pods, i));
+    let mut kills: Vec<usize> = (0..20).map(|_| random(order.len())).collect();
+    kills.sort_unstable();
+    kills.dedup();
+    let mut down_until = None;
+    for (n, &(i, s)) in order.iter().enumerate() {
+        if kills.binary_search(&n).is_ok() && down_until.is_none() {
+            ingest.kill().await;
+            ingest = start_ingest_later();
+            down_until = Some(n + 1 + random(15));
+        }
+        scenario.step(i, s);
+        if down_until == Some(n) {
+            ingest = start_ingest(&sim, &nats.url()).await;
+            down_until = None;
+        }
+        if n.is_multiple_of(50) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    if down_until.is_some() {
+        ingest = start_ingest(&sim, &nats.url()).await;
+    }
+    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
+    bus::settle(
+        &js,
+        PODS,
+        expected,
+        Duration::from_millis(1500),
+        Duration::from_secs(90),
+    )
+    .await;
+    ingest.stop().await;
+
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
+    let mut want = scenario.facts.clone();
+    got.sort();
+    want.sort();
+    let missing: Vec<_> = want
+        .iter()
+        .filter(|f| got.binary_search(f).is_err())
+        .take(5)
+        .collect();
+    let instead: Vec<_> = missing
+        .iter()
+        .flat_map(|m| {
+            events
+                .iter()
+                .filter(|(f, _, _)| f.uid == m.uid)
+                .map(|(f, _, s)| (f.rv, f.deleted, *s))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "missing facts, e.g. {missing:?}; stored for those pods: {instead:?}"
+    );
+    assert_eq!(got.len(), want.len(), "no fact twice");
+    assert_ordered_per_pod(&events);
+}
+
+/// A placeholder while the ingest is down: stopping it again is a no-op.
+fn start_ingest_later() -> Ingest {
+    let (stop, _) = oneshot::channel();
+    Ingest {
+        task: tokio::spawn(async { Ok(IngestStats::default()) }),
+        stop,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_deleted_while_history_is_gone_arrive_as_synthesized_deletes() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    for i in 0..20 {
+        scenario.step(i, 0);
+        scenario.step(i, 1);
+    }
+    bus::settle(
+        &js,
+        PODS,
+        41,
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+    )
+    .await;
+    ingest.stop().await;
+
+    // While it is down: some pods finish, some vanish, one appears; then history is compacted.
+    for i in 0..5 {
+        scenario.phase(&format!("pod-{i:04}"), "Failed");
+    }
+    for i in 5..10 {
+        scenario.delete(&format!("pod-{i:04}"));
+    }
+    scenario.create("pod-late", "2");
+    sim.cluster().compact();
+
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    bus::settle(
+        &js,
+        PODS,
+        41 + 11,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    )
+    .await;
+    ingest.stop().await;
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    let tail = &events[41..];
+    assert_eq!(
+        tail.len(),
+        11,
+        "5 finished, 5 synthesized deletes, 1 new pod: {tail:#?}"
+    );
+    let synthesized: BTreeMap<String, u64> = tail
+        .iter()
+        .filter(|(_, _, s)| *s)
+        .map(|(f, _, _)| (f.uid.clone(), f.rv))
+        .collect();
+    assert_eq!(synthesized.len(), 5);
+    for (fact, _, is_synthesized) in tail {
+        if *is_synthesized {
+            assert!(fact.deleted, "a synthesized event is a delete");
+        }
+    }
+    // The finished pods arrive at their latest revision (history was gone: collapsed, not lost).
+    for i in 0..5 {
+        let uid = uid_of(&scenario, i);
+        let latest = scenario.facts.iter().rev().find(|f| f.uid == uid).unwrap();
+        assert!(
+            tail.iter().any(|(f, _, _)| f == latest),
+            "latest state of pod-{i:04} published"
+        );
+    }
+    assert_ordered_per_pod(&events);
+}
+
+fn uid_of(scenario: &Scenario, i: usize) -> String {
+    scenario
+        .cluster
+        .pod("airflow", &format!("pod-{i:04}"))
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_410_mid_stream_relists_without_loss_or_duplicates() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    for i in 0..30 {
+        scenario.step(i, 0);
+    }
+    bus::settle(
+        &js,
+        PODS,
+        31,
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // The apiserver restarts and compacts while the watch reconnects (slowed, so the order
+    // is certain): the watcher gets 410 and lists again.
+    sim.cluster().set_latency(Duration::from_millis(300));
+    sim.cluster().drop_watches();
+    for i in 0..10 {
+        scenario.phase(&format!("pod-{i:04}"), "Running");
+    }
+    for i in 10..15 {
+        scenario.delete(&format!("pod-{i:04}"));
+    }
+    scenario.create("pod-new", "3");
+    sim.cluster().compact();
+    sim.cluster().set_latency(Duration::ZERO);
+    // And the watch goes on after the re-list.
+    bus::settle(
+        &js,
+        PODS,
+        31 + 16,
+        Duration::from_millis(1500),
+        Duration::from_secs(30),
+    )
+    .await;
+    scenario.phase("pod-0020", "Running");
+    bus::settle(
+        &js,
+        PODS,
+        31 + 17,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    )
+    .await;
+    ingest.stop().await;
+
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    assert_eq!(events.len(), 31 + 17, "nothing lost, nothing twice");
+    let keys: HashSet<(String, u64)> = events
+        .iter()
+        .map(|(f, _, _)| (f.uid.clone(), f.rv))
+        .collect();
+    assert_eq!(keys.len(), events.len(), "no (uid, resourceVersion) twice");
+    let synthesized = events.iter().filter(|(_, _, s)| *s).count();
+    assert_eq!(
+        synthesized, 5,
+        "the five deletes the watch missed are synthesized"
+    );
+    for fact in scenario.facts.iter().filter(|f| !f.deleted) {
+        assert!(
+            keys.contains(&(fact.uid.clone(), fact.rv)),
+            "{fact:?} missing"
+        );
+    }
+    assert_ordered_per_pod(&events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_mid_stream_loses_nothing() {
+    let mut nats = NatsServer::start();
+    let sim = sim().await;
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let ingest = start_ingest(&sim, &url).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    for i in 0..200 {
+        scenario.step(i, 0);
+    }
+    // Restart NATS on the same storage while pods keep changing.
+    let cluster = sim.cluster().clone();
+    let driver = std::thread::spawn(move || {
+        let mut scenario = Scenario::new(&cluster);
+        for i in 0..200 {
+            scenario.step(i, 1);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        scenario.facts
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nats.restart();
+    let more = driver.join().unwrap();
+    scenario.facts.extend(more);
+    let js = jetstream(&url).await;
+    let expected = scenario.facts.len() as u64;
+    bus::settle(
+        &js,
+        PODS,
+        expected,
+        Duration::from_millis(1000),
+        Duration::from_secs(60),
+    )
+    .await;
+    ingest.stop().await;
+
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
+    let mut want = scenario.facts.clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), want.len(), "no fact lost or doubled");
+    assert!(got == want);
+    assert_ordered_per_pod(&events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+
+    let mut broken = WorkerPod::new("broken", "1", "etl", "t", "r").to_json();
+    broken["metadata"]["annotations"]["try_number"] = "one".into();
+    sim.cluster().create_pod(broken).unwrap();
+    scenario.create("after-broken", "1");
+    bus::settle(
+        &js,
+        PODS,
+        2,
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+    )
+    .await;
+    bus::settle(
+        &js,
+        "PODSTREAM_DEAD",
+        1,
+        Duration::from_millis(100),
+        Duration::from_secs(30),
+    )
+    .await;
+    ingest.stop().await;
+
+    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].subject, "podstream.dead.ingest");
+    let reason = dead[0].header("Podstream-Reason").unwrap();
+    assert!(reason.contains("try_number"), "{reason}");
+    let raw: Value = serde_json::from_slice(&dead[0].payload).unwrap();
+    assert_eq!(raw["metadata"]["name"], "broken", "the raw object is kept");
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    assert_eq!(
+        events.len(),
+        2,
+        "the sentinel and the pod after the broken one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_stream_is_refused_with_a_clear_error() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    js.create_stream(jetstream::stream::Config {
+        name: PODS.into(),
+        subjects: vec!["somebody.else.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let error = ingest.task.await.unwrap().unwrap_err();
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("PODSTREAM_PODS") && message.contains("subjects"),
+        "{message}"
+    );
+}
