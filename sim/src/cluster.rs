@@ -250,13 +250,16 @@ impl Cluster {
             None => (requested_revision(&store, query)?, None),
         };
         let namespace = query.filter.namespace.as_deref();
-        let objects = store.snapshot(resource, namespace, at, after.as_ref())?;
-        drop(store);
         let limit = query.limit.filter(|n| *n > 0).unwrap_or(usize::MAX);
-        let mut selected = objects.into_iter().filter(|o| query.filter.matches(o));
-        let items: Vec<_> = selected.by_ref().take(limit).collect();
-        let continue_token = match (selected.next(), items.last()) {
-            (Some(_), Some(last)) => Some(encode_continue(at, &last.key)),
+        // One more than a page tells whether another page follows.
+        let mut items = store.snapshot(resource, namespace, at, after.as_ref(), limit.saturating_add(1), |o| {
+            query.filter.matches(o)
+        })?;
+        drop(store);
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let continue_token = match (more, items.last()) {
+            (true, Some(last)) => Some(encode_continue(at, &last.key)),
             _ => None,
         };
         Ok(ListPage {

@@ -166,54 +166,68 @@ impl Store {
         Ok(self.log.range(start..).take(max).cloned().collect())
     }
 
-    /// The objects of one resource (and namespace, if given) as they were at revision `at`,
-    /// in key order, starting after `after`. 410 when `at` is older than the history.
+    /// Up to `take` objects of one resource (and namespace, if given) that `select` accepts,
+    /// as they were at revision `at`, in key order, starting after `after`; 410 when `at` is
+    /// older than the history. Reads only as far as it needs.
     pub fn snapshot(
         &self,
         resource: Resource,
         namespace: Option<&str>,
         at: u64,
         after: Option<&Key>,
+        take: usize,
+        select: impl Fn(&Stored) -> bool,
     ) -> Result<Vec<Arc<Stored>>, ApiError> {
         if at < self.compacted_through {
             return Err(ApiError::too_old(at, self.compacted_through + 1));
         }
-        let low = Key::new(resource, namespace.unwrap_or(""), "");
-        let lower = match after {
-            Some(key) => Bound::Excluded(key.clone()),
-            None => Bound::Included(low),
-        };
-        let in_scope =
-            |key: &Key| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns);
+        let in_scope = |key: &Key| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns);
         let past_after = |key: &Key| after.is_none_or(|a| key > a);
-        let mut view: BTreeMap<Key, Arc<Stored>> = self
-            .objects
-            .range((lower, Bound::Unbounded))
-            .take_while(|(key, _)| {
-                key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
-            })
-            .map(|(key, object)| (key.clone(), object.clone()))
-            .collect();
+        // Keys changed after `at`: the first change of each holds the state at `at`.
+        let mut undone: BTreeMap<Key, Option<Arc<Stored>>> = BTreeMap::new();
         if at < self.head {
-            // Undo every change after `at`: the first one per key holds the state at `at`.
             let start = self.log.partition_point(|event| event.rv <= at);
-            let mut undone = std::collections::HashSet::new();
             for event in self.log.range(start..) {
                 let key = &event.object.key;
-                if !in_scope(key) || !past_after(key) || !undone.insert(key.clone()) {
+                if !in_scope(key) || !past_after(key) || undone.contains_key(key) {
                     continue;
                 }
-                match &event.old {
-                    Some(old) if event.change != Change::Added => {
-                        view.insert(key.clone(), old.clone());
-                    }
-                    _ => {
-                        view.remove(key);
-                    }
-                }
+                let then = match &event.old {
+                    Some(old) if event.change != Change::Added => Some(old.clone()),
+                    _ => None,
+                };
+                undone.insert(key.clone(), then);
             }
         }
-        Ok(view.into_values().collect())
+        let lower = match after {
+            Some(key) => Bound::Excluded(key.clone()),
+            None => Bound::Included(Key::new(resource, namespace.unwrap_or(""), "")),
+        };
+        let mut current = self
+            .objects
+            .range((lower, Bound::Unbounded))
+            .take_while(|(key, _)| in_scope(key))
+            .filter(|(key, _)| !undone.contains_key(*key))
+            .map(|(key, object)| (key, Some(object)))
+            .peekable();
+        let mut past = undone.iter().map(|(key, object)| (key, object.as_ref())).peekable();
+        let mut out = Vec::new();
+        while out.len() < take {
+            // Merge the two key-ordered sources.
+            let next = match (current.peek(), past.peek()) {
+                (Some((a, _)), Some((b, _))) if a < b => current.next(),
+                (Some(_), Some(_)) => past.next(),
+                (Some(_), None) => current.next(),
+                (None, Some(_)) => past.next(),
+                (None, None) => break,
+            };
+            if let Some((_, Some(object))) = next
+                && select(object)
+            {
+                out.push(object.clone());
+            }
+        }
+        Ok(out)
     }
 
     /// Every current object of a resource (all namespaces), in key order.

@@ -17,6 +17,21 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// The release `podstream` binary, built once per process (for benchmarks).
+///
+/// # Panics
+/// When it cannot be built.
+pub fn podstream_release_binary() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--release", "-p", "podstream-cli", "--bin", "podstream"])
+        .current_dir(workspace_root())
+        .status();
+    assert!(matches!(status, Ok(s) if s.success()), "cannot build the podstream binary: {status:?}");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    target.join("release").join("podstream")
+}
+
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,0 +1,153 @@
+//! The ingest's throughput and memory beside the raw JetStream publish limit, in one run.
+//!
+//! `cargo bench -p podstream-tests --bench ingest` starts a nats-server and the simulator, then:
+//! 1. raw limit: publishes N messages of a PodEvent's size with message ids and the ingest's
+//!    ack window, straight to a stream with the pod stream's settings (the baseline);
+//! 2. initial list: N Airflow pods exist, `podstream ingest` (release build, its own process)
+//!    starts, and the clock runs until the pod stream holds N acked events;
+//! 3. steady: 10k pod updates per second for 10 s while it runs;
+//! 4. the ingest process's resident memory with N live pods.
+//!
+//! Without `--bench` (as `cargo test --all-targets` runs it) it does a small smoke run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use k8s_openapi::api::core::v1::Pod;
+use podstream_bus::streams::{self, StreamSettings};
+use podstream_ingest::projection::project;
+use podstream_proto::v1::EventType;
+use podstream_sim::{Server, SimConfig, WorkerPod};
+use podstream_tests::bus;
+use podstream_tests::nats::NatsServer;
+use prost::Message as _;
+
+const WINDOW: usize = 1024;
+
+fn worker(i: usize) -> serde_json::Value {
+    let name = format!("etl-task-{i:06}");
+    let mut pod = WorkerPod::new(&name, &(1 + i % 4).to_string(), "daily_etl", &name, "scheduled__2026-11-30T10:00:00+00:00").to_json();
+    pod["metadata"]["uid"] = serde_json::json!(format!("00000000-0000-0000-0000-{i:012}"));
+    pod["metadata"]["resourceVersion"] = serde_json::json!("1");
+    pod["status"]["phase"] = serde_json::json!("Running");
+    pod
+}
+
+fn event_size() -> usize {
+    let pod: Pod = serde_json::from_value(worker(1)).unwrap();
+    project(EventType::Modified, &pod).unwrap().encode_to_vec().len()
+}
+
+async fn raw_limit(js: &jetstream::Context, n: usize, size: usize) -> f64 {
+    let mut config = streams::pods_stream("rawbench", &StreamSettings::default());
+    config.subjects = vec!["rawbench.>".into()];
+    streams::ensure(js, config).await.unwrap();
+    let payload = bytes::Bytes::from(vec![7u8; size]);
+    let mut window: VecDeque<PublishAckFuture> = VecDeque::new();
+    let started = Instant::now();
+    for i in 0..n {
+        if window.len() >= WINDOW {
+            window.pop_front().unwrap().await.unwrap();
+        }
+        let message = PublishMessage::build().payload(payload.clone()).message_id(format!("raw-{i}:1:changed"));
+        window.push_back(js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message).await.unwrap());
+    }
+    for ack in window {
+        ack.await.unwrap();
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (n, rate, seconds) = if full { (100_000, 10_000, 10) } else { (1_000, 1_000, 1) };
+    let binary = if full { podstream_tests::podstream_release_binary() } else { podstream_tests::podstream_binary().to_path_buf() };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let nats = NatsServer::start();
+        let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let size = event_size();
+        let raw = raw_limit(&js, n, size).await;
+        println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
+
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let sim = Server::start(addr, SimConfig { namespaces: vec!["airflow".into()], retain_events: n * 2 + 16, ..SimConfig::default() }).await.unwrap();
+        for i in 0..n {
+            sim.cluster().create_pod(worker(i)).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        sim.write_kubeconfig(&kubeconfig).unwrap();
+        let started = Instant::now();
+        let mut child = Command::new(&binary)
+            .args(["ingest", "--nats", &nats.url()])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("PODSTREAM_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
+        let initial = started.elapsed();
+        let (rss_now, rss_peak) = rss(child.id());
+        println!(
+            "initial list: {n} pods acked in {:.2} s = {:>9.0} events/s ({:.2}x the raw limit)",
+            initial.as_secs_f64(),
+            n as f64 / initial.as_secs_f64(),
+            n as f64 / initial.as_secs_f64() / raw
+        );
+        println!("ingest memory with {n} live pods: {rss_now} MB resident, {rss_peak} MB peak");
+
+        // Steady load: `rate` updates per second, paced in 10 ms slices.
+        let cluster = sim.cluster().clone();
+        let updates = rate * seconds;
+        let started = Instant::now();
+        let driver = tokio::task::spawn_blocking(move || {
+            let per_slice = rate / 100;
+            let mut done = 0;
+            let mut next = Instant::now();
+            while done < updates {
+                for _ in 0..per_slice {
+                    let name = format!("etl-task-{:06}", done % n);
+                    cluster
+                        .modify_pod("airflow", &name, |pod| pod["metadata"]["annotations"]["beat"] = serde_json::json!(done.to_string()))
+                        .unwrap();
+                    done += 1;
+                }
+                next += Duration::from_millis(10);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        });
+        driver.await.unwrap();
+        let offered = started.elapsed();
+        bus::settle(&js, "PODSTREAM_PODS", (n + updates) as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
+        let drained = started.elapsed();
+        println!(
+            "steady: {updates} updates offered at {:>6.0}/s, all acked after {:.2} s = {:>9.0} events/s (lag at the end {:.2} s)",
+            updates as f64 / offered.as_secs_f64(),
+            drained.as_secs_f64(),
+            updates as f64 / drained.as_secs_f64(),
+            (drained - offered).as_secs_f64()
+        );
+        let (rss_now, rss_peak) = rss(child.id());
+        println!("ingest memory after the steady run: {rss_now} MB resident, {rss_peak} MB peak");
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let _ = child.wait();
+    });
+}
