@@ -11,9 +11,11 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use bytes::Bytes;
 use podstream_proto::PodEvent;
 use podstream_proto::subject::Subjects;
 use podstream_proto::v1::EventType;
+use prost::Message as _;
 
 /// Why a message goes on a subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct Outgoing {
     pub role: Role,
     /// The event.
     pub event: PodEvent,
+    /// The event encoded once, for the bus and the checkpoint.
+    pub payload: Bytes,
 }
 
 /// The deterministic message id of an event: the same fact always gets the same id, so
@@ -76,13 +80,34 @@ fn namespace(event: &PodEvent) -> &str {
     event.pod.as_ref().map_or("", |p| p.namespace.as_str())
 }
 
+/// What is kept per pod: what the decisions read, plus the last event encoded (a third of
+/// the memory of a decoded `PodEvent`, which matters at 100k pods).
+#[derive(Debug, Clone)]
+struct Last {
+    owner: String,
+    rv: String,
+    namespace: String,
+    encoded: Bytes,
+}
+
+impl Last {
+    fn of(event: &PodEvent, encoded: Bytes) -> Last {
+        Last {
+            owner: event.owner.clone(),
+            rv: event.resource_version.clone(),
+            namespace: namespace(event).to_owned(),
+            encoded,
+        }
+    }
+}
+
 /// Deleted pods remembered (uid → deletion revision), so a late copy of the delete is skipped.
 const TOMBSTONES: usize = 65_536;
 
 /// The last published event of every pod the ingest knows.
 #[derive(Debug, Default, Clone)]
 pub struct KnownPods {
-    pods: HashMap<String, PodEvent>,
+    pods: HashMap<String, Last>,
     tombstones: HashMap<String, String>,
     tombstone_order: VecDeque<String>,
 }
@@ -107,7 +132,10 @@ impl KnownPods {
         KnownPods {
             pods: events
                 .into_iter()
-                .map(|event| (uid(&event).to_owned(), event))
+                .map(|event| {
+                    let last = Last::of(&event, Bytes::from(event.encode_to_vec()));
+                    (uid(&event).to_owned(), last)
+                })
                 .collect(),
             ..KnownPods::default()
         }
@@ -124,8 +152,10 @@ impl KnownPods {
     }
 
     /// The last event of a pod.
-    pub fn get(&self, uid: &str) -> Option<&PodEvent> {
-        self.pods.get(uid)
+    pub fn get(&self, uid: &str) -> Option<PodEvent> {
+        self.pods
+            .get(uid)
+            .and_then(|last| PodEvent::decode(last.encoded.as_ref()).ok())
     }
 
     /// What to publish for an observed event, remembering it.
@@ -137,7 +167,7 @@ impl KnownPods {
         let key = uid(&event).to_owned();
         let last = self.pods.get(&key);
         // A revision is one fact: published once, whoever sees it again; older ones are history.
-        if last.is_some_and(|last| not_newer(&event.resource_version, &last.resource_version))
+        if last.is_some_and(|last| not_newer(&event.resource_version, &last.rv))
             || self
                 .tombstones
                 .get(&key)
@@ -152,13 +182,8 @@ impl KnownPods {
                 EventType::Added
             });
         }
+        let payload = Bytes::from(event.encode_to_vec());
         let mut out = Vec::with_capacity(2);
-        out.push(Outgoing {
-            subject: subjects.pod_events(&event.owner, &key),
-            msg_id: msg_id(&event, Role::Event),
-            role: Role::Event,
-            event: event.clone(),
-        });
         if let Some(last) = last
             && last.owner != event.owner
         {
@@ -167,14 +192,27 @@ impl KnownPods {
                 msg_id: msg_id(&event, Role::Left),
                 role: Role::Left,
                 event: event.clone(),
+                payload: payload.clone(),
             });
         }
         if event.r#type() == EventType::Deleted {
             self.pods.remove(&key);
-            self.bury(key, event.resource_version);
+            self.bury(key.clone(), event.resource_version.clone());
         } else {
-            self.pods.insert(key, event);
+            self.pods
+                .insert(key.clone(), Last::of(&event, payload.clone()));
         }
+        // The event first, then the notice to the previous owner.
+        out.insert(
+            0,
+            Outgoing {
+                subject: subjects.pod_events(&event.owner, &key),
+                msg_id: msg_id(&event, Role::Event),
+                role: Role::Event,
+                event,
+                payload,
+            },
+        );
         out
     }
 
@@ -204,15 +242,18 @@ impl KnownPods {
         let mut gone: Vec<String> = self
             .pods
             .iter()
-            .filter(|(uid, event)| {
-                !listed.contains(*uid) && scope.is_none_or(|ns| namespace(event) == ns)
+            .filter(|(uid, last)| {
+                !listed.contains(*uid) && scope.is_none_or(|ns| last.namespace == ns)
             })
             .map(|(uid, _)| uid.clone())
             .collect();
         gone.sort();
         let mut out = Vec::with_capacity(gone.len());
         for key in gone {
-            let Some(mut event) = self.pods.remove(&key) else {
+            let Some(last) = self.pods.remove(&key) else {
+                continue;
+            };
+            let Ok(mut event) = PodEvent::decode(last.encoded.as_ref()) else {
                 continue;
             };
             event.set_type(EventType::Deleted);
@@ -223,6 +264,7 @@ impl KnownPods {
                 subject: subjects.pod_events(&event.owner, &key),
                 msg_id: msg_id(&event, Role::Event),
                 role: Role::Event,
+                payload: Bytes::from(event.encode_to_vec()),
                 event,
             });
         }

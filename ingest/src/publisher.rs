@@ -12,10 +12,8 @@ use std::pin::Pin;
 use async_nats::jetstream::{
     self, context::PublishError, message::PublishMessage, publish::PublishAck,
 };
-use bytes::Bytes;
 use futures::FutureExt;
 use podstream_bus::dead::DeadLetter;
-use prost::Message as _;
 
 use crate::known::{Outgoing, ROLE_HEADER};
 
@@ -43,7 +41,7 @@ impl Message {
                 headers.insert(ROLE_HEADER, out.role.as_str());
                 PublishMessage::build()
                     .headers(headers)
-                    .payload(Bytes::from(out.event.encode_to_vec()))
+                    .payload(out.payload.clone())
                     .message_id(&out.msg_id)
             }
             Message::Dead(dead) => dead.to_publish(),

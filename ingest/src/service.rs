@@ -161,13 +161,20 @@ pub async fn run(
                 let Some((index, item)) = item else { break };
                 let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
                 match item {
-                    Ok(watcher::Event::Init) => listings[index] = Some(Listing::default()),
+                    Ok(watcher::Event::Init) => listings[index] = Some(Listing::starting_at(ingest.cursor)),
                     Ok(watcher::Event::InitApply(pod)) => {
-                        let listing = listings[index].get_or_insert_with(Listing::default);
+                        let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
                         if let Some(uid) = pod.metadata.uid.clone() {
                             listing.seen.insert(uid);
                         }
-                        listing.items.push(ingest.project(EventType::Added, &pod));
+                        let projected = ingest.project(EventType::Added, &pod);
+                        if listing.replay_from.is_some() {
+                            // Held back: the history replay goes first.
+                            listing.items.push(projected);
+                        } else {
+                            // Nothing to replay: publish as the list streams in.
+                            ingest.publish_projected(projected).await;
+                        }
                     }
                     Ok(watcher::Event::InitDone) => {
                         let listing = listings[index].take().unwrap_or_default();
@@ -203,11 +210,22 @@ fn watch_all(
     futures::stream::select_all(streams).boxed()
 }
 
-/// A list in progress: held back until complete.
+/// A list in progress: held back until complete when history is to be replayed first.
 #[derive(Default)]
 struct Listing {
+    /// Where the history replay starts: the ingest's revision when the list began.
+    replay_from: Option<u64>,
     seen: HashSet<String>,
     items: Vec<Projected>,
+}
+
+impl Listing {
+    fn starting_at(cursor: Option<u64>) -> Listing {
+        Listing {
+            replay_from: cursor,
+            ..Listing::default()
+        }
+    }
 }
 
 /// A pod as projected: its event, or the dead letter it becomes.
@@ -230,16 +248,13 @@ impl Ingest {
     /// Publishes a completed list: history replayed first, then the listed pods, then
     /// synthesized deletes for known pods that vanished.
     async fn after_list(&mut self, scope: Option<&str>, api: Option<Api<Pod>>, listing: Listing) {
+        let listed = listing.seen.len();
         let mut seen = listing.seen;
-        if let (Some(rv), Some(api)) = (self.cursor, api) {
+        if let (Some(rv), Some(api)) = (listing.replay_from, api) {
             seen.extend(self.replay(scope, &api, rv).await);
         }
-        let listed = listing.items.len();
         for item in listing.items {
-            match item {
-                Projected::Event(event) => self.publish_event(*event).await,
-                Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
-            }
+            self.publish_projected(item).await;
         }
         let synthesized = self.known.vanished(&self.subjects, scope, &seen);
         if !synthesized.is_empty() {
@@ -330,7 +345,12 @@ impl Ingest {
     }
 
     async fn observe(&mut self, kind: EventType, pod: &Pod) {
-        match self.project(kind, pod) {
+        let projected = self.project(kind, pod);
+        self.publish_projected(projected).await;
+    }
+
+    async fn publish_projected(&mut self, projected: Projected) {
+        match projected {
             Projected::Event(event) => self.publish_event(*event).await,
             Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
         }

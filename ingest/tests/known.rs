@@ -11,7 +11,11 @@ use podstream_proto::{PodEvent, PodRef};
 
 fn event(uid: &str, namespace: &str, owner: &str, rv: u64, kind: EventType) -> PodEvent {
     let mut event = PodEvent {
-        pod: Some(PodRef { uid: uid.into(), namespace: namespace.into(), name: format!("pod-{uid}") }),
+        pod: Some(PodRef {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: format!("pod-{uid}"),
+        }),
         owner: owner.into(),
         resource_version: rv.to_string(),
         ..PodEvent::default()
@@ -33,7 +37,12 @@ fn observe(known: &mut KnownPods, event: PodEvent) -> Published {
         .collect()
 }
 
-fn one(subject: &str, msg_id: &str, role: Role, kind: EventType) -> (String, String, Role, EventType) {
+fn one(
+    subject: &str,
+    msg_id: &str,
+    role: Role,
+    kind: EventType,
+) -> (String, String, Role, EventType) {
     (subject.into(), msg_id.into(), role, kind)
 }
 
@@ -44,28 +53,65 @@ fn what_each_observation_publishes() {
     // (what is seen, what is published), in order, on one ingest.
     let table: Vec<(PodEvent, Published)> = vec![
         // A new pod: ADDED on its owner's subject, whatever the watch called it.
-        (event("a", "airflow", "1", 10, Modified), vec![one("podstream.pods.1.a", "a:10:changed", Role::Event, Added)]),
+        (
+            event("a", "airflow", "1", 10, Modified),
+            vec![one(
+                "podstream.pods.1.a",
+                "a:10:changed",
+                Role::Event,
+                Added,
+            )],
+        ),
         // The same revision again (a re-list, a replay, a restart): nothing.
         (event("a", "airflow", "1", 10, Added), vec![]),
         // An older revision (the replay overlapping the watch): nothing.
         (event("a", "airflow", "1", 9, Modified), vec![]),
         // A newer revision: MODIFIED.
-        (event("a", "airflow", "1", 12, Added), vec![one("podstream.pods.1.a", "a:12:changed", Role::Event, Modified)]),
+        (
+            event("a", "airflow", "1", 12, Added),
+            vec![one(
+                "podstream.pods.1.a",
+                "a:12:changed",
+                Role::Event,
+                Modified,
+            )],
+        ),
         // A relabel 1 → 2: the event on 2's subject, the notice on 1's.
         (
             event("a", "airflow", "2", 15, Modified),
             vec![
                 one("podstream.pods.2.a", "a:15:changed", Role::Event, Modified),
-                one("podstream.pods.1.a", "a:15:changed:left", Role::Left, Modified),
+                one(
+                    "podstream.pods.1.a",
+                    "a:15:changed:left",
+                    Role::Left,
+                    Modified,
+                ),
             ],
         ),
         // Deleted: DELETED on the current owner's subject.
-        (event("a", "airflow", "2", 20, Deleted), vec![one("podstream.pods.2.a", "a:20:deleted", Role::Event, Deleted)]),
+        (
+            event("a", "airflow", "2", 20, Deleted),
+            vec![one(
+                "podstream.pods.2.a",
+                "a:20:deleted",
+                Role::Event,
+                Deleted,
+            )],
+        ),
         // A late copy of the delete, or an older change after it: nothing.
         (event("a", "airflow", "2", 20, Deleted), vec![]),
         (event("a", "airflow", "2", 18, Modified), vec![]),
         // Owners that are not plain tokens are encoded.
-        (event("b", "airflow", "job.7 *", 30, Added), vec![one("podstream.pods.job~2E7~20~2A.b", "b:30:changed", Role::Event, Added)]),
+        (
+            event("b", "airflow", "job.7 *", 30, Added),
+            vec![one(
+                "podstream.pods.job~2E7~20~2A.b",
+                "b:30:changed",
+                Role::Event,
+                Added,
+            )],
+        ),
     ];
     for (n, (seen, expected)) in table.into_iter().enumerate() {
         let published = observe(&mut known, seen.clone());
@@ -83,16 +129,31 @@ fn a_list_without_a_known_pod_synthesizes_its_delete_in_scope_only() {
     ]);
     let listed: HashSet<String> = ["listed".to_owned()].into();
     let out = known.vanished(&subjects, Some("airflow"), &listed);
-    assert_eq!(out.len(), 1, "only the unlisted pod of the listed namespace");
+    assert_eq!(
+        out.len(),
+        1,
+        "only the unlisted pod of the listed namespace"
+    );
     let delete = &out[0];
     assert_eq!(delete.subject, "podstream.pods.3.gone");
     assert_eq!(delete.event.r#type(), EventType::Deleted);
     assert!(delete.event.synthesized);
-    assert_eq!(delete.event.resource_version, "8", "one past its last revision: newer for the rules");
-    assert_eq!(delete.event.phase(), Phase::Running, "the last facts are kept: a running pod that vanished");
+    assert_eq!(
+        delete.event.resource_version, "8",
+        "one past its last revision: newer for the rules"
+    );
+    assert_eq!(
+        delete.event.phase(),
+        Phase::Running,
+        "the last facts are kept: a running pod that vanished"
+    );
     assert!(known.get("gone").is_none() && known.get("elsewhere").is_some());
     // Listing again changes nothing more.
-    assert!(known.vanished(&subjects, Some("airflow"), &listed).is_empty());
+    assert!(
+        known
+            .vanished(&subjects, Some("airflow"), &listed)
+            .is_empty()
+    );
     // A whole-cluster list without "elsewhere" synthesizes that one too.
     assert_eq!(known.vanished(&subjects, None, &listed).len(), 1);
 }

@@ -252,9 +252,14 @@ impl Cluster {
         let namespace = query.filter.namespace.as_deref();
         let limit = query.limit.filter(|n| *n > 0).unwrap_or(usize::MAX);
         // One more than a page tells whether another page follows.
-        let mut items = store.snapshot(resource, namespace, at, after.as_ref(), limit.saturating_add(1), |o| {
-            query.filter.matches(o)
-        })?;
+        let mut items = store.snapshot(
+            resource,
+            namespace,
+            at,
+            after.as_ref(),
+            limit.saturating_add(1),
+            |o| query.filter.matches(o),
+        )?;
         drop(store);
         let more = items.len() > limit;
         items.truncate(limit);

@@ -181,7 +181,8 @@ impl Store {
         if at < self.compacted_through {
             return Err(ApiError::too_old(at, self.compacted_through + 1));
         }
-        let in_scope = |key: &Key| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns);
+        let in_scope =
+            |key: &Key| key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns);
         let past_after = |key: &Key| after.is_none_or(|a| key > a);
         // Keys changed after `at`: the first change of each holds the state at `at`.
         let mut undone: BTreeMap<Key, Option<Arc<Stored>>> = BTreeMap::new();
@@ -210,7 +211,10 @@ impl Store {
             .filter(|(key, _)| !undone.contains_key(*key))
             .map(|(key, object)| (key, Some(object)))
             .peekable();
-        let mut past = undone.iter().map(|(key, object)| (key, object.as_ref())).peekable();
+        let mut past = undone
+            .iter()
+            .map(|(key, object)| (key, object.as_ref()))
+            .peekable();
         let mut out = Vec::new();
         while out.len() < take {
             // Merge the two key-ordered sources.

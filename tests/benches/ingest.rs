@@ -31,7 +31,14 @@ const WINDOW: usize = 1024;
 
 fn worker(i: usize) -> serde_json::Value {
     let name = format!("etl-task-{i:06}");
-    let mut pod = WorkerPod::new(&name, &(1 + i % 4).to_string(), "daily_etl", &name, "scheduled__2026-11-30T10:00:00+00:00").to_json();
+    let mut pod = WorkerPod::new(
+        &name,
+        &(1 + i % 4).to_string(),
+        "daily_etl",
+        &name,
+        "scheduled__2026-11-30T10:00:00+00:00",
+    )
+    .to_json();
     pod["metadata"]["uid"] = serde_json::json!(format!("00000000-0000-0000-0000-{i:012}"));
     pod["metadata"]["resourceVersion"] = serde_json::json!("1");
     pod["status"]["phase"] = serde_json::json!("Running");
@@ -40,7 +47,10 @@ fn worker(i: usize) -> serde_json::Value {
 
 fn event_size() -> usize {
     let pod: Pod = serde_json::from_value(worker(1)).unwrap();
-    project(EventType::Modified, &pod).unwrap().encode_to_vec().len()
+    project(EventType::Modified, &pod)
+        .unwrap()
+        .encode_to_vec()
+        .len()
 }
 
 async fn raw_limit(js: &jetstream::Context, n: usize, size: usize) -> f64 {
@@ -54,8 +64,14 @@ async fn raw_limit(js: &jetstream::Context, n: usize, size: usize) -> f64 {
         if window.len() >= WINDOW {
             window.pop_front().unwrap().await.unwrap();
         }
-        let message = PublishMessage::build().payload(payload.clone()).message_id(format!("raw-{i}:1:changed"));
-        window.push_back(js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message).await.unwrap());
+        let message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(format!("raw-{i}:1:changed"));
+        window.push_back(
+            js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message)
+                .await
+                .unwrap(),
+        );
     }
     for ack in window {
         ack.await.unwrap();
@@ -77,9 +93,20 @@ fn rss(pid: u32) -> (u64, u64) {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (n, rate, seconds) = if full { (100_000, 10_000, 10) } else { (1_000, 1_000, 1) };
-    let binary = if full { podstream_tests::podstream_release_binary() } else { podstream_tests::podstream_binary().to_path_buf() };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (n, rate, seconds) = if full {
+        (100_000, 10_000, 10)
+    } else {
+        (1_000, 1_000, 1)
+    };
+    let binary = if full {
+        podstream_tests::podstream_release_binary()
+    } else {
+        podstream_tests::podstream_binary().to_path_buf()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async move {
         let nats = NatsServer::start();
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());

@@ -24,11 +24,23 @@ pub fn workspace_root() -> PathBuf {
 pub fn podstream_release_binary() -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "--release", "-p", "podstream-cli", "--bin", "podstream"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "podstream-cli",
+            "--bin",
+            "podstream",
+        ])
         .current_dir(workspace_root())
         .status();
-    assert!(matches!(status, Ok(s) if s.success()), "cannot build the podstream binary: {status:?}");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "cannot build the podstream binary: {status:?}"
+    );
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
     target.join("release").join("podstream")
 }
 
