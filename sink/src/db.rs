@@ -1,0 +1,242 @@
+//! The metadata database: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1,
+//! and podstream's own tables.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::{AnyPool, Row};
+
+/// Which SQL dialect the database speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL (production).
+    Postgres,
+    /// SQLite (the embedded default).
+    Sqlite,
+}
+
+/// The Airflow schema found in the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AirflowVersion {
+    /// Airflow 2.10 (`alembic_version` 5f2621c13b39).
+    V2_10,
+    /// Airflow 3.1 (`alembic_version` 509b94a1042d).
+    V3_1,
+}
+
+impl AirflowVersion {
+    /// The version for an alembic revision podstream knows.
+    pub fn from_alembic(revision: &str) -> Option<AirflowVersion> {
+        match revision {
+            "5f2621c13b39" => Some(AirflowVersion::V2_10),
+            "509b94a1042d" => Some(AirflowVersion::V3_1),
+            _ => None,
+        }
+    }
+}
+
+/// Why the database cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The URL is not `postgres://...` or `sqlite://...`.
+    #[error(
+        "unsupported database URL scheme in {0} (use postgres://user@host:port/db or sqlite:///abs/path.db)"
+    )]
+    Scheme(String),
+    /// `alembic_version` holds a revision podstream does not know.
+    #[error(
+        "unknown Airflow schema: alembic_version is {0:?} (podstream knows 2.10 = 5f2621c13b39 and 3.1 = 509b94a1042d)"
+    )]
+    UnknownSchema(String),
+    /// The database has no `alembic_version`: not an Airflow metadata database.
+    #[error("not an Airflow metadata database: no alembic_version ({0})")]
+    NotAirflow(String),
+}
+
+/// A connected metadata database.
+#[derive(Debug, Clone)]
+pub struct Database {
+    /// The pool.
+    pub pool: AnyPool,
+    /// Its dialect.
+    pub backend: Backend,
+    /// Its Airflow schema.
+    pub airflow: AirflowVersion,
+    /// The statements, in its dialect.
+    pub sql: std::sync::Arc<crate::apply::Statements>,
+}
+
+/// The URL with any password replaced, for logs and errors.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Puts a password (from `--db-password-file` or an env var) into a URL that has none.
+pub fn with_password(url: &str, password: Option<&str>) -> String {
+    let Some(password) = password.filter(|p| !p.is_empty()) else {
+        return url.to_owned();
+    };
+    let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@')) else {
+        return url.to_owned();
+    };
+    let credentials = &url[scheme + 3..at];
+    if credentials.contains(':') || at < scheme {
+        return url.to_owned();
+    }
+    let encoded: String = password
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!(
+        "{}{credentials}:{encoded}{}",
+        &url[..scheme + 3],
+        &url[at..]
+    )
+}
+
+impl Database {
+    /// Connects (retrying with backoff while the server is unreachable), checks the Airflow
+    /// schema, and creates podstream's tables if missing.
+    pub async fn connect(url: &str) -> anyhow::Result<Database> {
+        install_default_drivers();
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            return Err(DbError::Scheme(redacted(url)).into());
+        };
+        let url = match backend {
+            // SQLite: wait on a locked database rather than fail at once.
+            Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rw"),
+            _ => url.to_owned(),
+        };
+        let mut delay = Duration::from_millis(250);
+        let pool = loop {
+            let options = AnyPoolOptions::new()
+                .max_connections(if backend == Backend::Sqlite { 1 } else { 8 })
+                .acquire_timeout(Duration::from_secs(10));
+            match options.connect(&url).await {
+                Ok(pool) => break pool,
+                Err(error) if is_transient(&error) => {
+                    tracing::warn!(db = %redacted(&url), %error, retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("connecting to {}", redacted(&url)));
+                }
+            }
+        };
+        let revision: String = match sqlx::query("SELECT version_num FROM alembic_version")
+            .fetch_one(&pool)
+            .await
+        {
+            Ok(row) => row.try_get(0).context("reading alembic_version")?,
+            Err(error) => return Err(DbError::NotAirflow(error.to_string()).into()),
+        };
+        let airflow =
+            AirflowVersion::from_alembic(&revision).ok_or(DbError::UnknownSchema(revision))?;
+        let database = Database {
+            pool,
+            backend,
+            airflow,
+            sql: std::sync::Arc::new(crate::apply::Statements::new(backend)),
+        };
+        database.create_tables().await?;
+        tracing::info!(db = %redacted(&url), ?backend, ?airflow, "metadata database ready");
+        Ok(database)
+    }
+
+    async fn create_tables(&self) -> anyhow::Result<()> {
+        let timestamp = match self.backend {
+            Backend::Postgres => "TIMESTAMP WITH TIME ZONE",
+            Backend::Sqlite => "TIMESTAMP",
+        };
+        let statements = [
+            format!(
+                "CREATE TABLE IF NOT EXISTS podstream_applied (
+                    command_id VARCHAR(512) NOT NULL PRIMARY KEY,
+                    stream_sequence BIGINT,
+                    outcome VARCHAR(64) NOT NULL,
+                    applied_at {timestamp} NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS podstream_ti_pod (
+                    dag_id VARCHAR(250) NOT NULL,
+                    task_id VARCHAR(250) NOT NULL,
+                    run_id VARCHAR(250) NOT NULL,
+                    map_index INTEGER NOT NULL,
+                    try_number INTEGER NOT NULL,
+                    pod_namespace VARCHAR(253) NOT NULL,
+                    pod_name VARCHAR(253) NOT NULL,
+                    pod_uid VARCHAR(64) NOT NULL,
+                    owner VARCHAR(250) NOT NULL,
+                    last_command VARCHAR(32) NOT NULL,
+                    resource_version VARCHAR(64) NOT NULL,
+                    updated_at {timestamp} NOT NULL,
+                    PRIMARY KEY (dag_id, task_id, run_id, map_index))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS podstream_duplicate (
+                    dag_id VARCHAR(250) NOT NULL,
+                    task_id VARCHAR(250) NOT NULL,
+                    run_id VARCHAR(250) NOT NULL,
+                    map_index INTEGER NOT NULL,
+                    try_number INTEGER NOT NULL,
+                    chosen_uid VARCHAR(64) NOT NULL,
+                    other_uid VARCHAR(64) NOT NULL,
+                    other_name VARCHAR(253) NOT NULL,
+                    recorded_at {timestamp} NOT NULL,
+                    PRIMARY KEY (dag_id, task_id, run_id, map_index, try_number, other_uid))"
+            ),
+        ];
+        for statement in statements {
+            sqlx::query(&statement)
+                .execute(&self.pool)
+                .await
+                .context("creating podstream tables")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether an error may go away by retrying (connection trouble, pool exhaustion, a locked
+/// SQLite file), as opposed to one the data causes.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+            // PostgreSQL: 08 connection, 53 resources, 57 operator intervention (shutdown),
+            // 40 serialization/deadlock. SQLite: 5 BUSY, 6 LOCKED.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57")
+                || code.starts_with("40")
+                || code == "5"
+                || code == "6"
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,224 @@
+//! `podstream sink`: a durable pull consumer on the commands stream. Each fetched batch is
+//! applied in one transaction and acked only after the commit; several sinks may share the
+//! consumer. A connection problem retries the batch (nothing was committed); a command the
+//! database refuses goes to `podstream.dead.sink` and the rest of the batch applies.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use futures::StreamExt;
+use podstream_bus::dead::DeadLetter;
+use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::Command;
+use podstream_proto::subject::{Stage, Subjects};
+use prost::Message as _;
+
+use crate::apply::{Item, Outcome};
+use crate::db::{Database, is_transient};
+use crate::summary::Summary;
+
+/// How the sink runs.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Subject prefix.
+    pub prefix: String,
+    /// Durable consumer name; sinks with the same name share the work.
+    pub consumer: String,
+    /// Commands per transaction at most.
+    pub batch_size: usize,
+    /// How long a batch waits to fill.
+    pub batch_wait: Duration,
+    /// Settings of the streams it makes sure of.
+    pub streams: StreamSettings,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            prefix: "podstream".into(),
+            consumer: "podstream-sink".into(),
+            batch_size: 500,
+            batch_wait: Duration::from_millis(50),
+            streams: StreamSettings::default(),
+        }
+    }
+}
+
+/// Runs until `shutdown` resolves; the batch in hand is finished first.
+pub async fn run(
+    config: SinkConfig,
+    db: Database,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Summary> {
+    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
+    let nats = podstream_bus::connect(&config.nats_url, "podstream-sink").await;
+    let js = jetstream::new(nats);
+    let commands = streams::commands_stream(&config.prefix, &config.streams);
+    let stream_name = commands.name.clone();
+    streams::ensure(&js, commands).await?;
+    streams::ensure(&js, streams::dead_stream(&config.prefix, &config.streams)).await?;
+    let stream = js
+        .get_stream(&stream_name)
+        .await
+        .context("opening the commands stream")?;
+    let consumer = stream
+        .get_or_create_consumer(
+            &config.consumer,
+            pull::Config {
+                durable_name: Some(config.consumer.clone()),
+                filter_subject: subjects.commands_filter(None),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 20_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .context("creating the sink consumer")?;
+    let mut summary = Summary::default();
+    tokio::pin!(shutdown);
+    loop {
+        let batch = tokio::select! {
+            _ = &mut shutdown => break,
+            batch = consumer.fetch().max_messages(config.batch_size).expires(config.batch_wait.max(Duration::from_millis(10))).messages() => batch,
+        };
+        let mut messages = match batch {
+            Ok(messages) => messages,
+            Err(error) => {
+                tracing::warn!(%error, "fetching commands failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let mut fetched = Vec::new();
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(message) => fetched.push(message),
+                Err(error) => tracing::warn!(%error, "receiving a command failed"),
+            }
+        }
+        if fetched.is_empty() {
+            continue;
+        }
+        let mut items = Vec::with_capacity(fetched.len());
+        let mut positions = Vec::with_capacity(fetched.len());
+        for (index, message) in fetched.iter().enumerate() {
+            let sequence = message.info().map(|i| i.stream_sequence).ok();
+            match Command::decode(message.payload.as_ref()) {
+                Ok(command) => {
+                    items.push(Item { command, sequence });
+                    positions.push(index);
+                }
+                Err(error) => {
+                    dead_letter(&js, &subjects, message, &format!("not a Command: {error}")).await;
+                    summary.dead_lettered += 1;
+                    ack(message).await;
+                }
+            }
+        }
+        let outcomes = apply_with_retry(&db, &items).await;
+        for ((outcome, item), index) in outcomes.iter().zip(&items).zip(&positions) {
+            let Some(message) = fetched.get(*index) else {
+                continue;
+            };
+            if let Outcome::Dead(reason) = outcome {
+                tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
+                dead_letter(&js, &subjects, message, reason).await;
+            } else {
+                log_outcome(&item.command, outcome);
+            }
+            summary.add(outcome);
+            ack(message).await;
+        }
+    }
+    tracing::info!(%summary, "sink stopped");
+    Ok(summary)
+}
+
+/// Applies a batch, retrying with backoff while the database is unreachable.
+async fn apply_with_retry(db: &Database, items: &[Item]) -> Vec<Outcome> {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match db.apply_batch(items).await {
+            Ok(outcomes) => return outcomes,
+            Err(error) => {
+                let transient = is_transient(&error);
+                tracing::warn!(%error, transient, retry_in_ms = delay.as_millis() as u64, "applying a batch failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn ack(message: &jetstream::Message) {
+    if let Err(error) = message.ack_with(AckKind::Ack).await {
+        // Unacked means redelivered; the applied-command record makes that harmless.
+        tracing::warn!(%error, "ack failed; the command will be redelivered and skipped");
+    }
+}
+
+async fn dead_letter(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    message: &jetstream::Message,
+    reason: &str,
+) {
+    let sequence = message
+        .info()
+        .map(|i| i.stream_sequence)
+        .unwrap_or_default();
+    let dead = DeadLetter {
+        subject: subjects.dead_letters(Stage::Sink),
+        msg_id: format!("sink:{}:{sequence}", message.subject),
+        reason: reason.to_owned(),
+        source: message.subject.to_string(),
+        payload: message.payload.clone(),
+    };
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let sent = async {
+            let ack = js
+                .send_publish(dead.subject.clone(), dead.to_publish())
+                .await?;
+            ack.await
+                .map(|_| ())
+                .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
+        };
+        match sent.await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, "dead letter not stored; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn log_outcome(command: &Command, outcome: &Outcome) {
+    let task = command
+        .task
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let pod = command
+        .pod
+        .as_ref()
+        .map(|p| p.name.as_str())
+        .unwrap_or_default();
+    match outcome {
+        Outcome::Applied(what) => {
+            tracing::info!(ti = %task, pod, owner = %command.owner, command = %command.id, what, "applied")
+        }
+        Outcome::Skipped(skip) => {
+            tracing::debug!(ti = %task, pod, owner = %command.owner, command = %command.id, reason = skip.name(), "skipped")
+        }
+        Outcome::Dead(_) => {}
+    }
+}

@@ -1,0 +1,177 @@
+//! Airflow metadata databases made by Airflow (`scripts/airflow-db.sh` caches them), task
+//! instances to seed them with, and reading states back through Airflow itself.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::postgres::PgCluster;
+use crate::workspace_root;
+
+/// An Airflow release the sink supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Airflow {
+    /// apache-airflow 2.10.5.
+    V2_10,
+    /// apache-airflow 3.1.8.
+    V3_1,
+}
+
+impl Airflow {
+    /// `2.10` or `3.1`.
+    pub fn short(self) -> &'static str {
+        match self {
+            Airflow::V2_10 => "2.10",
+            Airflow::V3_1 => "3.1",
+        }
+    }
+
+    /// The cached venv's `bin` directory.
+    pub fn venv_bin(self) -> PathBuf {
+        workspace_root().join(format!("target/tools/airflow-{}/bin", self.short()))
+    }
+
+    fn cached(self, suffix: &str) -> PathBuf {
+        let path = workspace_root().join(format!(
+            "target/airflow-db/airflow-{}.{suffix}",
+            self.short()
+        ));
+        assert!(
+            path.exists(),
+            "{} is missing: run scripts/setup.sh (it runs scripts/airflow-db.sh)",
+            path.display()
+        );
+        path
+    }
+}
+
+/// A fresh metadata DB for one test.
+pub struct AirflowDb {
+    /// Its URL for podstream (`sqlite:///...` or `postgres://...`).
+    pub url: String,
+    /// Its SQLAlchemy URL, for Airflow.
+    pub sqlalchemy_url: String,
+    /// Which Airflow made it.
+    pub airflow: Airflow,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl AirflowDb {
+    /// A copy of the cached SQLite database.
+    ///
+    /// # Panics
+    /// When the cache is missing or the copy fails.
+    pub fn sqlite(airflow: Airflow) -> AirflowDb {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let path = dir.path().join("airflow.db");
+        std::fs::copy(airflow.cached("sqlite"), &path)
+            .unwrap_or_else(|e| panic!("copying the cached database: {e}"));
+        AirflowDb {
+            url: format!("sqlite://{}", path.display()),
+            sqlalchemy_url: format!("sqlite:///{}", path.display()),
+            airflow,
+            _dir: Some(dir),
+        }
+    }
+
+    /// A new database on `cluster`, restored from the cached dump.
+    pub fn postgres(airflow: Airflow, cluster: &PgCluster, name: &str) -> AirflowDb {
+        cluster.create_database(name, Some(&airflow.cached("pg.sql")));
+        let url = cluster.url(name);
+        AirflowDb {
+            sqlalchemy_url: url.replacen("postgres://", "postgresql+psycopg2://", 1),
+            url,
+            airflow,
+            _dir: None,
+        }
+    }
+
+    /// Whether this is PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        self.url.starts_with("postgres")
+    }
+
+    /// SQL inserting a DAG run and task instances, in this database's dialect and schema.
+    pub fn seed_sql(&self, dag_id: &str, run_id: &str, tis: &[SeedTi]) -> Vec<String> {
+        let ts = if self.is_postgres() {
+            "'2026-11-30 10:00:00+00'"
+        } else {
+            "'2026-11-30 10:00:00.000000'"
+        };
+        let mut statements = vec![match self.airflow {
+            Airflow::V2_10 => format!(
+                "INSERT INTO dag_run (dag_id, execution_date, run_id, run_type, state, clear_number) VALUES ('{dag_id}', {ts}, '{run_id}', 'manual', 'running', 0)"
+            ),
+            Airflow::V3_1 => format!(
+                "INSERT INTO dag_run (dag_id, logical_date, run_after, run_id, run_type, state, clear_number, span_status) VALUES ('{dag_id}', {ts}, {ts}, '{run_id}', 'manual', 'running', 0, 'not_started')"
+            ),
+        }];
+        for (n, ti) in tis.iter().enumerate() {
+            let state = ti.state.map_or("NULL".to_owned(), |s| format!("'{s}'"));
+            statements.push(match self.airflow {
+                Airflow::V2_10 => format!(
+                    "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id) VALUES ('{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1)",
+                    ti.task_id, ti.map_index, ti.try_number, ti.max_tries
+                ),
+                Airflow::V3_1 => format!(
+                    "INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id, span_status) VALUES ('0196b3a0-0000-7000-8000-{n:012}', '{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1, 'not_started')",
+                    ti.task_id, ti.map_index, ti.try_number, ti.max_tries
+                ),
+            });
+        }
+        statements
+    }
+
+    /// Task instance states as Airflow's own ORM reads them: (task_id, map_index) → state.
+    ///
+    /// # Panics
+    /// When Airflow cannot read the database.
+    pub fn states_through_airflow(&self, dag_id: &str) -> Vec<(String, i64, String)> {
+        let script = format!(
+            "from airflow.utils.session import create_session\n\
+             from airflow.models.taskinstance import TaskInstance as TI\n\
+             with create_session() as s:\n\
+             \x20   for ti in s.query(TI).filter(TI.dag_id == {dag_id:?}).order_by(TI.task_id, TI.map_index):\n\
+             \x20       print(ti.task_id, ti.map_index, ti.state)\n"
+        );
+        let home = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let output = Command::new(self.airflow.venv_bin().join("python"))
+            .arg("-c")
+            .arg(script)
+            .env("AIRFLOW_HOME", home.path())
+            .env("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", &self.sqlalchemy_url)
+            .env("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+            .output()
+            .unwrap_or_else(|e| panic!("running Airflow: {e}"));
+        assert!(
+            output.status.success(),
+            "Airflow could not read the database: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                Some((
+                    parts.next()?.to_owned(),
+                    parts.next()?.parse().ok()?,
+                    parts.next()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// A task instance to seed.
+#[derive(Debug, Clone)]
+pub struct SeedTi {
+    /// task_id.
+    pub task_id: &'static str,
+    /// map_index (-1 unmapped).
+    pub map_index: i64,
+    /// state (None = NULL).
+    pub state: Option<&'static str>,
+    /// try_number.
+    pub try_number: i64,
+    /// max_tries.
+    pub max_tries: i64,
+}

@@ -1,0 +1,164 @@
+//! A throwaway PostgreSQL cluster for a test: `initdb` and `pg_ctl` from Debian's
+//! `postgresql` on a temp dir and a free port (as the `postgres` user when run as root).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Debian's PostgreSQL binaries (`/usr/lib/postgresql/<newest>/bin`).
+pub fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    versions
+        .pop()
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn as_postgres(program: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A running cluster, stopped on drop.
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl PgCluster {
+    /// `initdb` + `pg_ctl start` on a free port, trust authentication for `postgres`.
+    ///
+    /// # Panics
+    /// When PostgreSQL cannot start (scripts/setup.sh installs it).
+    pub fn start() -> PgCluster {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        let data = dir.path().join("data");
+        let status = as_postgres(&pg_bin().join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "initdb failed: {status:?}"
+        );
+        let cluster = PgCluster { dir, port };
+        cluster.pg_ctl_start();
+        cluster
+    }
+
+    fn pg_ctl_start(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let status = as_postgres(&pg_bin().join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .arg("-l")
+            .arg(self.dir.path().join("log"))
+            .args(["-w", "-o", &options, "start"])
+            .stdout(Stdio::null())
+            .status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "pg_ctl start failed: {status:?}"
+        );
+    }
+
+    /// Stops the server (fast shutdown: connections are cut) and starts it again.
+    pub fn restart(&self) {
+        self.stop();
+        self.pg_ctl_start();
+    }
+
+    /// Stops the server.
+    pub fn stop(&self) {
+        let _ = as_postgres(&pg_bin().join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "fast", "-w", "stop"])
+            .stdout(Stdio::null())
+            .status();
+    }
+
+    /// The URL of a database on this cluster.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a database, loaded from an SQL file (a `pg_dump`) when given.
+    ///
+    /// # Panics
+    /// When psql fails.
+    pub fn create_database(&self, name: &str, dump: Option<&Path>) {
+        self.psql("postgres", &["-c", &format!("CREATE DATABASE \"{name}\"")]);
+        if let Some(dump) = dump {
+            self.psql(name, &["-f", &dump.display().to_string()]);
+        }
+    }
+
+    fn psql(&self, database: &str, args: &[&str]) {
+        let output = Command::new(pg_bin().join("psql"))
+            .args([
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+            ])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("psql: {e}"));
+        assert!(
+            output.status.success(),
+            "psql {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = as_postgres(&pg_bin().join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

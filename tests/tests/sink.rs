@@ -1,0 +1,503 @@
+//! The sink on real Airflow databases (2.10 and 3.1, SQLite and PostgreSQL, made by Airflow's
+//! migrations): every apply rule, exactly once, read back through Airflow itself; and the
+//! `podstream sink` service on a real nats-server, across a kill and a PostgreSQL restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use podstream_proto::v1::command::Kind;
+use podstream_proto::v1::{Completed, Duplicate, Fail, Running, Transfer};
+use podstream_proto::{Command, PodRef, TaskKey};
+use podstream_sink::guard::Skip;
+use podstream_sink::service::{self, SinkConfig};
+use podstream_sink::{Database, Item, Outcome};
+use podstream_tests::airflow::{Airflow, AirflowDb, SeedTi};
+use podstream_tests::bus;
+use podstream_tests::nats::NatsServer;
+use podstream_tests::postgres::PgCluster;
+use prost::Message as _;
+use sqlx::Row;
+
+const DAG: &str = "etl";
+const RUN: &str = "manual__2026-11-30";
+
+fn cluster() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(PgCluster::start)
+}
+
+fn seed() -> Vec<SeedTi> {
+    let ti = |task_id, map_index, state, try_number, max_tries| SeedTi {
+        task_id,
+        map_index,
+        state,
+        try_number,
+        max_tries,
+    };
+    vec![
+        ti("retry", -1, Some("running"), 1, 2),
+        ti("no_retries", -1, Some("running"), 1, 0),
+        ti("last_try", -1, Some("running"), 3, 2),
+        ti("done", -1, Some("success"), 1, 2),
+        ti("newer", -1, Some("running"), 2, 2),
+        ti("mapped", 0, Some("running"), 1, 1),
+        ti("mapped", 1, Some("running"), 1, 1),
+        ti("moved", -1, Some("queued"), 1, 1),
+        ti("watched", -1, Some("running"), 1, 1),
+        ti("twins", -1, Some("running"), 1, 1),
+        ti("scheduled", -1, Some("scheduled"), 1, 1),
+    ]
+}
+
+fn key(task_id: &str, map_index: i64, try_number: i64) -> TaskKey {
+    TaskKey {
+        dag_id: DAG.into(),
+        task_id: task_id.into(),
+        run_id: RUN.into(),
+        map_index,
+        try_number,
+        ..TaskKey::default()
+    }
+}
+
+fn pod(name: &str) -> PodRef {
+    PodRef {
+        namespace: "airflow".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+fn command(id: &str, task: TaskKey, kind: Kind) -> Command {
+    Command {
+        id: id.into(),
+        pod: Some(pod(&format!("{}-{}", task.task_id, task.map_index.max(0)))),
+        task: Some(task),
+        owner: "1".into(),
+        resource_version: "42".into(),
+        kind: Some(kind),
+    }
+}
+
+fn fail() -> Kind {
+    Kind::Fail(Fail {
+        reason: "pod_failed".into(),
+        detail: "base exited 1".into(),
+        terminated: vec![],
+    })
+}
+
+fn commands() -> Vec<Command> {
+    vec![
+        command("c1", key("retry", -1, 1), fail()),
+        command("c2", key("no_retries", -1, 1), fail()),
+        command("c3", key("last_try", -1, 3), fail()),
+        command("c4", key("done", -1, 1), fail()),
+        command("c5", key("newer", -1, 1), fail()),
+        command("c6", key("mapped", 1, 1), fail()),
+        command(
+            "c7",
+            key("moved", -1, 1),
+            Kind::Transfer(Transfer {
+                from: "1".into(),
+                to: "7".into(),
+            }),
+        ),
+        command("c8", key("watched", -1, 1), Kind::Running(Running {})),
+        command("c9", key("ghost", -1, 1), fail()),
+        command(
+            "c10",
+            key("twins", -1, 1),
+            Kind::Duplicate(Duplicate {
+                chosen: Some(pod("twins-a")),
+                others: vec![pod("twins-b")],
+            }),
+        ),
+        command("c11", key("scheduled", -1, 1), fail()),
+        command("c12", key("done", -1, 1), Kind::Completed(Completed {})),
+    ]
+}
+
+fn expected_outcomes() -> Vec<Outcome> {
+    vec![
+        Outcome::Applied("up_for_retry"),
+        Outcome::Applied("failed"),
+        Outcome::Applied("failed"),
+        Outcome::Skipped(Skip::Terminal("success".into())),
+        Outcome::Skipped(Skip::NewerTry),
+        Outcome::Applied("up_for_retry"),
+        Outcome::Applied("transfer"),
+        Outcome::Applied("recorded"),
+        Outcome::Skipped(Skip::UnknownTi),
+        Outcome::Applied("recorded"),
+        Outcome::Skipped(Skip::NotAdoptable("scheduled".into())),
+        Outcome::Skipped(Skip::Terminal("success".into())),
+    ]
+}
+
+fn expected_states() -> Vec<(String, i64, String)> {
+    [
+        ("done", -1, "success"),
+        ("last_try", -1, "failed"),
+        ("mapped", 0, "running"),
+        ("mapped", 1, "up_for_retry"),
+        ("moved", -1, "queued"),
+        ("newer", -1, "running"),
+        ("no_retries", -1, "failed"),
+        ("retry", -1, "up_for_retry"),
+        ("scheduled", -1, "scheduled"),
+        ("twins", -1, "running"),
+        ("watched", -1, "running"),
+    ]
+    .iter()
+    .map(|(t, m, s)| (t.to_string(), *m, s.to_string()))
+    .collect()
+}
+
+async fn prepared(airflow: Airflow, postgres: bool, name: &str) -> (AirflowDb, Database) {
+    let target = if postgres {
+        AirflowDb::postgres(airflow, cluster(), name)
+    } else {
+        AirflowDb::sqlite(airflow)
+    };
+    let db = Database::connect(&target.url).await.unwrap();
+    for statement in target.seed_sql(DAG, RUN, &seed()) {
+        sqlx::query(&statement)
+            .execute(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("seeding: {e}\n{statement}"));
+    }
+    (target, db)
+}
+
+async fn states(db: &Database) -> Vec<(String, i64, String)> {
+    sqlx::query("SELECT task_id, CAST(map_index AS BIGINT), state FROM task_instance ORDER BY task_id, map_index")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get::<String, _>(0), row.get::<i64, _>(1), row.get::<Option<String>, _>(2).unwrap_or_default()))
+        .collect()
+}
+
+async fn count(db: &Database, sql: &str) -> i64 {
+    sqlx::query(sql)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
+}
+
+async fn every_rule(airflow: Airflow, postgres: bool, name: &str) {
+    let (target, db) = prepared(airflow, postgres, name).await;
+    let items: Vec<Item> = commands()
+        .into_iter()
+        .map(|command| Item {
+            command,
+            sequence: None,
+        })
+        .collect();
+    let outcomes = db.apply_batch(&items).await.unwrap();
+    assert_eq!(outcomes, expected_outcomes(), "{name}");
+    assert_eq!(states(&db).await, expected_states(), "{name}");
+
+    let (job, external): (i64, String) = {
+        let row = sqlx::query("SELECT CAST(queued_by_job_id AS BIGINT), external_executor_id FROM task_instance WHERE task_id = 'moved'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((job, external.as_str()), (7, "7"), "{name}: transfer");
+    let ended = count(&db, "SELECT CAST(COUNT(*) AS BIGINT) FROM task_instance WHERE end_date IS NOT NULL AND duration IS NOT NULL").await;
+    assert_eq!(
+        ended, 4,
+        "{name}: end_date and duration on the four failed TIs"
+    );
+    let logs = "SELECT CAST(COUNT(*) AS BIGINT) FROM log WHERE event LIKE 'podstream%'";
+    assert_eq!(
+        count(&db, logs).await,
+        5,
+        "{name}: four fails and a transfer in Airflow's log"
+    );
+    let reason =
+        sqlx::query("SELECT extra FROM log WHERE event = 'podstream_fail' AND task_id = 'retry'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        reason.get::<String, _>(0).contains("pod_failed"),
+        "{name}: the reason in extra"
+    );
+    let duplicates = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_duplicate WHERE other_uid = 'uid-twins-b'",
+    )
+    .await;
+    assert_eq!(duplicates, 1, "{name}: duplicate recorded");
+    let current = count(&db, "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_ti_pod").await;
+    assert_eq!(
+        current, 7,
+        "{name}: current pod of every TI a command applied to"
+    );
+
+    // Applying it all again changes nothing, log rows included.
+    let again = db.apply_batch(&items).await.unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|o| *o == Outcome::Skipped(Skip::AlreadyApplied)),
+        "{name}: {again:?}"
+    );
+    assert_eq!(states(&db).await, expected_states());
+    assert_eq!(count(&db, logs).await, 5, "{name}: no second log row");
+
+    // Airflow reads what the sink wrote.
+    let through_airflow = target.states_through_airflow(DAG);
+    assert_eq!(
+        through_airflow,
+        expected_states(),
+        "{name}: as Airflow's ORM sees it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_on_airflow_2_10_sqlite() {
+    every_rule(Airflow::V2_10, false, "a210_sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_on_airflow_3_1_sqlite() {
+    every_rule(Airflow::V3_1, false, "a31_sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_on_airflow_2_10_postgres() {
+    every_rule(Airflow::V2_10, true, "a210_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_on_airflow_3_1_postgres() {
+    every_rule(Airflow::V3_1, true, "a31_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_schema_is_refused_with_its_version() {
+    let target = AirflowDb::sqlite(Airflow::V2_10);
+    let db = Database::connect(&target.url).await.unwrap();
+    sqlx::query("UPDATE alembic_version SET version_num = 'deadbeef0000'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.pool.close().await;
+    let error = Database::connect(&target.url).await.unwrap_err();
+    assert!(format!("{error:#}").contains("deadbeef0000"), "{error:#}");
+}
+
+async fn publish(js: &jetstream::Context, commands: &[Command]) {
+    for command in commands {
+        let uid = command.pod.as_ref().map_or("none", |p| p.uid.as_str());
+        let ack = js
+            .send_publish(
+                format!("podstream.commands.{}.{uid}", command.owner),
+                jetstream::message::PublishMessage::build()
+                    .payload(command.encode_to_vec().into())
+                    .message_id(&command.id),
+            )
+            .await
+            .unwrap();
+        ack.await.unwrap();
+    }
+}
+
+async fn ensure_streams(js: &jetstream::Context) {
+    let settings = podstream_bus::StreamSettings::default();
+    podstream_bus::streams::ensure(
+        js,
+        podstream_bus::streams::commands_stream("podstream", &settings),
+    )
+    .await
+    .unwrap();
+    podstream_bus::streams::ensure(
+        js,
+        podstream_bus::streams::dead_stream("podstream", &settings),
+    )
+    .await
+    .unwrap();
+}
+
+fn start_sink(
+    nats: &str,
+    db: Database,
+) -> (
+    tokio::task::JoinHandle<podstream_sink::summary::Summary>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = SinkConfig {
+        nats_url: nats.to_owned(),
+        ..SinkConfig::default()
+    };
+    let task = tokio::spawn(async move {
+        service::run(config, db, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap()
+    });
+    (task, stop)
+}
+
+async fn wait_for(db: &Database, sql: &str, want: i64) {
+    let started = std::time::Instant::now();
+    loop {
+        if count(db, sql).await >= want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {sql} = {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let (_target, db) = prepared(Airflow::V2_10, false, "svc").await;
+
+    // A sink committed these but died before acking: the effects are in, the acks are not.
+    let items: Vec<Item> = commands()
+        .into_iter()
+        .map(|command| Item {
+            command,
+            sequence: None,
+        })
+        .collect();
+    db.apply_batch(&items).await.unwrap();
+    let logs = "SELECT CAST(COUNT(*) AS BIGINT) FROM log WHERE event LIKE 'podstream%'";
+    assert_eq!(count(&db, logs).await, 5);
+
+    // So they are all delivered again, plus a poisoned message and a command the DB can't take.
+    publish(&js, &commands()).await;
+    js.publish(
+        "podstream.commands.1.garbage",
+        bytes::Bytes::from_static(b"\xff\xffnot protobuf"),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let bad = command(
+        "c-bad",
+        key("watched", -1, 1),
+        Kind::Transfer(Transfer {
+            from: "1".into(),
+            to: "scheduler-b".into(),
+        }),
+    );
+    let fresh = command("c-fresh", key("twins", -1, 1), fail());
+    publish(&js, &[bad, fresh]).await;
+
+    let (task, stop) = start_sink(&nats.url(), db.clone());
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id = 'c-fresh'",
+        1,
+    )
+    .await;
+    bus::settle(
+        &js,
+        "PODSTREAM_DEAD",
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(30),
+    )
+    .await;
+    let _ = stop.send(());
+    let summary = task.await.unwrap();
+
+    assert_eq!(
+        summary.skipped.get("already_applied"),
+        Some(&12),
+        "{summary}"
+    );
+    assert_eq!(summary.applied, 1, "{summary}");
+    assert_eq!(summary.dead_lettered, 2, "{summary}");
+    assert_eq!(
+        count(&db, logs).await,
+        6,
+        "only the fresh fail added a log row"
+    );
+    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    assert!(
+        dead.iter()
+            .all(|d| d.subject == "podstream.dead.sink" && d.header("Podstream-Reason").is_some())
+    );
+    assert!(dead.iter().any(|d| {
+        d.header("Podstream-Reason")
+            .unwrap()
+            .contains("integer job id")
+    }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_mid_stream_loses_nothing_and_doubles_nothing() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let pg = PgCluster::start();
+    let target = AirflowDb::postgres(Airflow::V3_1, &pg, "restart");
+    let db = Database::connect(&target.url).await.unwrap();
+    let tis: Vec<SeedTi> = (0..300)
+        .map(|i| SeedTi {
+            task_id: Box::leak(format!("t{i:03}").into_boxed_str()),
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: 1,
+        })
+        .collect();
+    for statement in target.seed_sql(DAG, RUN, &tis) {
+        sqlx::query(&statement).execute(&db.pool).await.unwrap();
+    }
+    let all: Vec<Command> = (0..300)
+        .map(|i| command(&format!("f{i:03}"), key(&format!("t{i:03}"), -1, 1), fail()))
+        .collect();
+    let (task, stop) = start_sink(&nats.url(), db.clone());
+    publish(&js, &all[..150]).await;
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+        50,
+    )
+    .await;
+    pg.restart();
+    publish(&js, &all[150..]).await;
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+        300,
+    )
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+    let retried = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM task_instance WHERE state = 'up_for_retry'",
+    )
+    .await;
+    assert_eq!(retried, 300, "every fail applied");
+    let logs = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM log WHERE event = 'podstream_fail'",
+    )
+    .await;
+    assert_eq!(logs, 300, "and none twice");
+}
