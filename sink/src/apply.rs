@@ -31,7 +31,7 @@ pub enum Outcome {
 
 /// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
 /// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
-fn sql(backend: Backend, text: &str, now_at: usize) -> String {
+pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {
     match backend {
         Backend::Postgres => text.replace("{now}", "now()"),
         Backend::Sqlite => text
@@ -113,17 +113,31 @@ impl Statements {
 }
 
 /// Now, as SQLAlchemy writes a datetime into SQLite.
-fn sqlite_now() -> String {
+pub(crate) fn sqlite_now() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%d %H:%M:%S.%6f")
         .to_string()
 }
 
 impl Database {
-    /// Applies `items` in order in one transaction. A command that fails on its data is
-    /// rolled back alone (savepoint) and reported `Dead`; a connection problem fails the
-    /// whole batch, which the caller retries (nothing was committed).
+    /// Applies `items` in order in one transaction, set-based (a few statements per batch,
+    /// see `batch.rs`). If the database refuses the batch for its data, it is applied again
+    /// command by command to find the one at fault, which is reported `Dead` while the rest
+    /// applies. A connection problem fails the whole batch, which the caller retries
+    /// (nothing was committed).
     pub async fn apply_batch(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
+        match self.apply_set(items).await {
+            Ok(outcomes) => Ok(outcomes),
+            Err(error) if is_transient(&error) => Err(error),
+            Err(error) => {
+                tracing::warn!(%error, commands = items.len(), "batch refused; applying it command by command");
+                self.apply_each(items).await
+            }
+        }
+    }
+
+    /// The slow path: one savepoint per command, so one refused command is rolled back alone.
+    pub async fn apply_each(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
         let mut outcomes = Vec::with_capacity(items.len());

@@ -8,6 +8,7 @@
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
 
 pub mod apply;
+mod batch;
 pub mod db;
 pub mod guard;
 pub mod service;

@@ -501,3 +501,35 @@ async fn a_postgres_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     .await;
     assert_eq!(logs, 300, "and none twice");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_the_database_refuses_is_dead_and_the_rest_of_its_batch_applies() {
+    let (_target, db) = prepared(Airflow::V3_1, true, "poison").await;
+    let mut poisoned = command("p1", key("watched", -1, 1), Kind::Running(Running {}));
+    // Longer than podstream_ti_pod.pod_name allows: PostgreSQL refuses the row.
+    poisoned.pod.as_mut().unwrap().name = "x".repeat(300);
+    let items: Vec<Item> = [
+        command("p0", key("retry", -1, 1), fail()),
+        poisoned,
+        command("p2", key("no_retries", -1, 1), fail()),
+    ]
+    .into_iter()
+    .map(|command| Item {
+        command,
+        sequence: None,
+    })
+    .collect();
+    let outcomes = db.apply_batch(&items).await.unwrap();
+    assert_eq!(outcomes[0], Outcome::Applied("up_for_retry"));
+    assert!(
+        matches!(&outcomes[1], Outcome::Dead(reason) if reason.contains("refused")),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], Outcome::Applied("failed"));
+    let applied = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+    )
+    .await;
+    assert_eq!(applied, 2, "the refused command is not recorded as applied");
+}

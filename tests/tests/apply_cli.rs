@@ -1,0 +1,133 @@
+//! `podstream apply` as contract.md §4 describes it: decide's JSON lines into a metadata DB,
+//! a one-line summary, and a second run that changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use podstream_proto::line::CommandLine;
+use podstream_proto::v1::command::Kind;
+use podstream_proto::v1::{Fail, Transfer};
+use podstream_proto::{PodRef, TaskKey};
+use podstream_tests::airflow::{Airflow, AirflowDb, SeedTi};
+use podstream_tests::podstream_binary;
+
+fn line(id: &str, task_id: &str, kind: Kind) -> String {
+    let command = podstream_proto::Command {
+        id: id.into(),
+        task: Some(TaskKey {
+            dag_id: "etl".into(),
+            task_id: task_id.into(),
+            run_id: "r1".into(),
+            map_index: -1,
+            try_number: 1,
+            ..TaskKey::default()
+        }),
+        pod: Some(PodRef {
+            namespace: "airflow".into(),
+            name: format!("{task_id}-pod"),
+            uid: format!("{task_id}-uid"),
+        }),
+        owner: "1".into(),
+        resource_version: "9".into(),
+        kind: Some(kind),
+    };
+    serde_json::to_string(&CommandLine::from(&command)).unwrap()
+}
+
+fn apply(db: &AirflowDb, input: &str) -> (String, String) {
+    let mut child = Command::new(podstream_binary())
+        .args(["apply", "--db", &db.url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (
+        String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_twice_is_apply_once() {
+    let db = AirflowDb::sqlite(Airflow::V3_1);
+    let seed = [
+        SeedTi {
+            task_id: "extract",
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: 1,
+        },
+        SeedTi {
+            task_id: "load",
+            map_index: -1,
+            state: Some("queued"),
+            try_number: 1,
+            max_tries: 1,
+        },
+    ];
+    let database = podstream_sink::Database::connect(&db.url).await.unwrap();
+    for statement in db.seed_sql("etl", "r1", &seed) {
+        sqlx::query(&statement)
+            .execute(&database.pool)
+            .await
+            .unwrap();
+    }
+    database.pool.close().await;
+    let fail = Kind::Fail(Fail {
+        reason: "pod_failed".into(),
+        ..Fail::default()
+    });
+    let input = [
+        line("a", "extract", fail.clone()),
+        line(
+            "b",
+            "load",
+            Kind::Transfer(Transfer {
+                from: "1".into(),
+                to: "2".into(),
+            }),
+        ),
+        line("c", "missing", fail),
+        r#"{"kind":"invalid","error":"not JSON"}"#.to_owned(),
+        "{ broken".to_owned(),
+    ]
+    .join("\n");
+
+    let (first, errors) = apply(&db, &input);
+    assert_eq!(
+        first, "applied 2, skipped 1 (unknown_ti 1), dead-lettered 2",
+        "{errors}"
+    );
+    assert!(
+        errors.contains("line 4") && errors.contains("line 5"),
+        "{errors}"
+    );
+    let (second, _) = apply(&db, &input);
+    assert_eq!(
+        second,
+        "applied 0, skipped 3 (already_applied 3), dead-lettered 2"
+    );
+    assert_eq!(
+        db.states_through_airflow("etl"),
+        [
+            ("extract".to_owned(), -1, "up_for_retry".to_owned()),
+            ("load".to_owned(), -1, "queued".to_owned())
+        ]
+    );
+}
