@@ -97,6 +97,7 @@ impl Database {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut seen: HashSet<&str> = HashSet::new();
         let mut round: Vec<Update> = Vec::new();
+        let mut round_keys: HashSet<Key> = HashSet::new();
         for (index, item) in items.iter().enumerate() {
             let command = &item.command;
             if command.id.is_empty() || command.task.is_none() {
@@ -117,7 +118,9 @@ impl Database {
                     outcomes[index] = Some(Outcome::Applied("recorded"))
                 }
                 Verdict::Apply(effect) => {
-                    if round.iter().any(|u| u.key == key) {
+                    if !round_keys.insert(key.clone()) {
+                        round_keys.clear();
+                        round_keys.insert(key.clone());
                         self.run_round(
                             &mut tx,
                             items,
@@ -205,9 +208,14 @@ impl Database {
                     )
                 })
                 .collect();
+            // A join with the keys as a table lets both databases use the primary key; a
+            // row-value IN list makes PostgreSQL scan the table.
             let text = format!(
-                "SELECT dag_id, task_id, run_id, CAST(map_index AS BIGINT), state, CAST(try_number AS BIGINT), CAST(max_tries AS BIGINT)
-                 FROM task_instance WHERE (dag_id, task_id, run_id, map_index) IN ({})",
+                "WITH v(dag_id, task_id, run_id, map_index) AS (VALUES {})
+                 SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
+                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT)
+                 FROM task_instance t JOIN v ON t.dag_id = v.dag_id AND t.task_id = v.task_id
+                   AND t.run_id = v.run_id AND t.map_index = v.map_index",
                 tuples.join(", ")
             );
             for row in sqlx::query_with::<Any, _>(&text, m.args)

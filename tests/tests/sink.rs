@@ -158,6 +158,7 @@ fn expected_states() -> Vec<(String, i64, String)> {
 }
 
 async fn prepared(airflow: Airflow, postgres: bool, name: &str) -> (AirflowDb, Database) {
+    podstream_tests::init_tracing();
     let target = if postgres {
         AirflowDb::postgres(airflow, cluster(), name)
     } else {
