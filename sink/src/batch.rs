@@ -15,7 +15,7 @@ use crate::db::{Backend, Database};
 use crate::guard::{self, Effect, Skip, TiRow, Verdict};
 
 /// Rows per multi-row statement (well under both databases' parameter limits).
-const ROWS: usize = 250;
+const ROWS: usize = 500;
 
 type Key = (String, String, String, i64);
 
