@@ -70,6 +70,18 @@ impl Multi {
         self.placeholder()
     }
 
+    /// A TI key and try as five placeholders.
+    fn key(&mut self, (dag_id, task_id, run_id, map_index): &Key, try_number: i64) -> String {
+        format!(
+            "{}, {}, {}, {}, {}",
+            self.text(dag_id),
+            self.text(task_id),
+            self.text(run_id),
+            self.int(*map_index),
+            self.int(try_number)
+        )
+    }
+
     /// `now()` on PostgreSQL; a bound timestamp on SQLite.
     fn now(&mut self, sqlite_now: &str) -> String {
         match self.backend {
@@ -77,6 +89,40 @@ impl Multi {
             Backend::Sqlite => self.text(sqlite_now),
         }
     }
+}
+
+/// Updates the TIs listed in `values` (their key, try, then `columns`) with `set`, under the
+/// guard (same try, adoptable state); returns the keys it changed.
+async fn guarded_update(
+    conn: &mut AnyConnection,
+    m: Multi,
+    columns: &str,
+    values: &[String],
+    set: &str,
+) -> Result<Vec<Key>, sqlx::Error> {
+    let text = format!(
+        "WITH v(dag_id, task_id, run_id, map_index, try_number, {columns}) AS (VALUES {})
+         UPDATE task_instance SET {set}
+         FROM v WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
+           AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
+           AND task_instance.try_number = v.try_number
+           AND task_instance.state IN ('queued', 'running', 'restarting')
+         RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id, CAST(task_instance.map_index AS BIGINT)",
+        values.join(", ")
+    );
+    let mut changed = Vec::new();
+    for row in sqlx::query_with::<Any, _>(&text, m.args)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        changed.push((
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        ));
+    }
+    Ok(changed)
 }
 
 /// A TI update waiting for its round.
@@ -265,16 +311,8 @@ impl Database {
                             Effect::Fail { state } => state,
                             _ => "failed",
                         };
-                        let (d, t, r, i) = &u.key;
-                        format!(
-                            "({}, {}, {}, {}, {}, {})",
-                            m.text(d),
-                            m.text(t),
-                            m.text(r),
-                            m.int(*i),
-                            m.int(u.try_number),
-                            m.text(state)
-                        )
+                        let key = m.key(&u.key, u.try_number);
+                        format!("({key}, {})", m.text(state))
                     })
                     .collect();
                 let now_sql = m.now(now);
@@ -286,27 +324,10 @@ impl Database {
                         "(julianday({now_sql}) - julianday(task_instance.start_date)) * 86400.0"
                     ),
                 };
-                let text = format!(
-                    "WITH v(dag_id, task_id, run_id, map_index, try_number, new_state) AS (VALUES {})
-                     UPDATE task_instance SET state = v.new_state, end_date = {now_sql}, duration = {duration}, updated_at = {now_sql}
-                     FROM v WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
-                       AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
-                       AND task_instance.try_number = v.try_number
-                       AND task_instance.state IN ('queued', 'running', 'restarting')
-                     RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id, CAST(task_instance.map_index AS BIGINT)",
-                    values.join(", ")
+                let set = format!(
+                    "state = v.new_state, end_date = {now_sql}, duration = {duration}, updated_at = {now_sql}"
                 );
-                for row in sqlx::query_with::<Any, _>(&text, m.args)
-                    .fetch_all(&mut *conn)
-                    .await?
-                {
-                    done.insert((
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                    ));
-                }
+                done.extend(guarded_update(conn, m, "new_state", &values, &set).await?);
             }
             if !transfers.is_empty() {
                 let mut m = Multi::new(self.backend);
@@ -317,41 +338,15 @@ impl Database {
                             Effect::Transfer { job_id } => job_id,
                             _ => 0,
                         };
-                        let (d, t, r, i) = &u.key;
-                        format!(
-                            "({}, {}, {}, {}, {}, {}, {})",
-                            m.text(d),
-                            m.text(t),
-                            m.text(r),
-                            m.int(*i),
-                            m.int(u.try_number),
-                            m.int(job),
-                            m.text(&job.to_string())
-                        )
+                        let key = m.key(&u.key, u.try_number);
+                        format!("({key}, {}, {})", m.int(job), m.text(&job.to_string()))
                     })
                     .collect();
                 let now_sql = m.now(now);
-                let text = format!(
-                    "WITH v(dag_id, task_id, run_id, map_index, try_number, job_id, executor_id) AS (VALUES {})
-                     UPDATE task_instance SET queued_by_job_id = v.job_id, external_executor_id = v.executor_id, updated_at = {now_sql}
-                     FROM v WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
-                       AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
-                       AND task_instance.try_number = v.try_number
-                       AND task_instance.state IN ('queued', 'running', 'restarting')
-                     RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id, CAST(task_instance.map_index AS BIGINT)",
-                    values.join(", ")
+                let set = format!(
+                    "queued_by_job_id = v.job_id, external_executor_id = v.executor_id, updated_at = {now_sql}"
                 );
-                for row in sqlx::query_with::<Any, _>(&text, m.args)
-                    .fetch_all(&mut *conn)
-                    .await?
-                {
-                    done.insert((
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                    ));
-                }
+                done.extend(guarded_update(conn, m, "job_id, executor_id", &values, &set).await?);
             }
             let mut logged = Vec::new();
             for update in chunk {

@@ -19,33 +19,6 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The release `podstream` binary, built once per process (for benchmarks).
-///
-/// # Panics
-/// When it cannot be built.
-pub fn podstream_release_binary() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "podstream-cli",
-            "--bin",
-            "podstream",
-        ])
-        .current_dir(workspace_root())
-        .status();
-    assert!(
-        matches!(status, Ok(s) if s.success()),
-        "cannot build the podstream binary: {status:?}"
-    );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
-    target.join("release").join("podstream")
-}
-
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,30 +33,46 @@ pub fn fixture(name: &str) -> PathBuf {
 /// When the binary cannot be built: every end-to-end test needs it.
 pub fn podstream_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        if let Some(path) = std::env::var_os("PODSTREAM_BIN") {
-            return PathBuf::from(path);
-        }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "podstream-cli",
-                "--bin",
-                "podstream",
-            ])
-            .current_dir(workspace_root())
-            .status();
-        assert!(
-            matches!(status, Ok(s) if s.success()),
-            "cannot build the podstream binary: {status:?}"
-        );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| workspace_root().join("target"), PathBuf::from);
-        target.join("debug").join("podstream")
+    BINARY.get_or_init(|| match std::env::var_os("PODSTREAM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build_podstream(false),
     })
+}
+
+/// The release `podstream` binary, built with `cargo build --release` (for benchmarks).
+///
+/// # Panics
+/// When it cannot be built.
+pub fn podstream_release_binary() -> PathBuf {
+    build_podstream(true)
+}
+
+fn build_podstream(release: bool) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut args = vec![
+        "build",
+        "--quiet",
+        "-p",
+        "podstream-cli",
+        "--bin",
+        "podstream",
+    ];
+    if release {
+        args.push("--release");
+    }
+    let status = Command::new(cargo)
+        .args(&args)
+        .current_dir(workspace_root())
+        .status();
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "cannot build the podstream binary: {status:?}"
+    );
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    target
+        .join(if release { "release" } else { "debug" })
+        .join("podstream")
 }
 
 /// A running `kubectl` watch whose JSON output is parsed as it arrives.

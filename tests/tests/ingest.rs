@@ -224,6 +224,33 @@ fn assert_ordered_per_pod(events: &[StoredEvent]) {
     }
 }
 
+/// A nats-server, the simulator, a JetStream client and a running ingest that has listed.
+async fn rig() -> (NatsServer, Server, jetstream::Context, Ingest, Scenario) {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    (nats, sim, js, ingest, scenario)
+}
+
+/// The stream's events are exactly the scenario's facts: none missing, none twice.
+fn assert_exactly(events: &[StoredEvent], facts: &[Fact]) {
+    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
+    let mut want = facts.to_vec();
+    got.sort();
+    want.sort();
+    let missing: Vec<_> = want
+        .iter()
+        .filter(|f| got.binary_search(f).is_err())
+        .take(5)
+        .collect();
+    assert!(missing.is_empty(), "missing facts, e.g. {missing:?}");
+    assert_eq!(got.len(), want.len(), "no fact twice");
+    assert_ordered_per_pod(events);
+}
+
 /// Waits for the ingest to have listed: a sentinel pod must reach the stream.
 async fn wait_until_watching(js: &jetstream::Context, scenario: &mut Scenario) {
     scenario.create("sentinel", "0");
@@ -239,12 +266,7 @@ async fn wait_until_watching(js: &jetstream::Context, scenario: &mut Scenario) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
-    let nats = NatsServer::start();
-    let sim = sim().await;
-    let js = jetstream(&nats.url()).await;
-    let ingest = start_ingest(&sim, &nats.url()).await;
-    let mut scenario = Scenario::new(sim.cluster());
-    wait_until_watching(&js, &mut scenario).await;
+    let (_nats, _sim, js, ingest, mut scenario) = rig().await;
 
     for step in 0..STEPS {
         for i in 0..1000 {
@@ -264,17 +286,7 @@ async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
 
     let stored = bus::read_all(&js, PODS).await;
     let (events, notices) = read_facts(&stored);
-    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
-    let mut want = scenario.facts.clone();
-    got.sort();
-    want.sort();
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "every (uid, resourceVersion) exactly once"
-    );
-    assert!(got == want, "the stream holds exactly the scenario's facts");
-    assert_ordered_per_pod(&events);
+    assert_exactly(&events, &scenario.facts);
     assert!(events.iter().all(|(_, _, synthesized)| !synthesized));
 
     // Each relabel: the new owner's subject has the event, the old owner's the notice.
@@ -291,12 +303,7 @@ async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once() {
-    let nats = NatsServer::start();
-    let sim = sim().await;
-    let js = jetstream(&nats.url()).await;
-    let mut ingest = start_ingest(&sim, &nats.url()).await;
-    let mut scenario = Scenario::new(sim.cluster());
-    wait_until_watching(&js, &mut scenario).await;
+    let (nats, sim, js, mut ingest, mut scenario) = rig().await;
 
     // 300 pods, their steps interleaved; the ingest is killed at 20 pseudo-random steps and
     // restarted a few steps later, so changes happen both in flight and while it is down.
@@ -348,31 +355,7 @@ async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once(
     ingest.stop().await;
 
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
-    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
-    let mut want = scenario.facts.clone();
-    got.sort();
-    want.sort();
-    let missing: Vec<_> = want
-        .iter()
-        .filter(|f| got.binary_search(f).is_err())
-        .take(5)
-        .collect();
-    let instead: Vec<_> = missing
-        .iter()
-        .flat_map(|m| {
-            events
-                .iter()
-                .filter(|(f, _, _)| f.uid == m.uid)
-                .map(|(f, _, s)| (f.rv, f.deleted, *s))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "missing facts, e.g. {missing:?}; stored for those pods: {instead:?}"
-    );
-    assert_eq!(got.len(), want.len(), "no fact twice");
-    assert_ordered_per_pod(&events);
+    assert_exactly(&events, &scenario.facts);
 }
 
 /// A placeholder while the ingest is down: stopping it again is a no-op.
@@ -386,12 +369,7 @@ fn start_ingest_later() -> Ingest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_deleted_while_history_is_gone_arrive_as_synthesized_deletes() {
-    let nats = NatsServer::start();
-    let sim = sim().await;
-    let js = jetstream(&nats.url()).await;
-    let ingest = start_ingest(&sim, &nats.url()).await;
-    let mut scenario = Scenario::new(sim.cluster());
-    wait_until_watching(&js, &mut scenario).await;
+    let (nats, sim, js, ingest, mut scenario) = rig().await;
     for i in 0..20 {
         scenario.step(i, 0);
         scenario.step(i, 1);
@@ -468,12 +446,7 @@ fn uid_of(scenario: &Scenario, i: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_410_mid_stream_relists_without_loss_or_duplicates() {
-    let nats = NatsServer::start();
-    let sim = sim().await;
-    let js = jetstream(&nats.url()).await;
-    let ingest = start_ingest(&sim, &nats.url()).await;
-    let mut scenario = Scenario::new(sim.cluster());
-    wait_until_watching(&js, &mut scenario).await;
+    let (_nats, sim, js, ingest, mut scenario) = rig().await;
     for i in 0..30 {
         scenario.step(i, 0);
     }
@@ -579,23 +552,12 @@ async fn a_nats_restart_mid_stream_loses_nothing() {
     ingest.stop().await;
 
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
-    let mut got: Vec<Fact> = events.iter().map(|(f, _, _)| f.clone()).collect();
-    let mut want = scenario.facts.clone();
-    got.sort();
-    want.sort();
-    assert_eq!(got.len(), want.len(), "no fact lost or doubled");
-    assert!(got == want);
-    assert_ordered_per_pod(&events);
+    assert_exactly(&events, &scenario.facts);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
-    let nats = NatsServer::start();
-    let sim = sim().await;
-    let js = jetstream(&nats.url()).await;
-    let ingest = start_ingest(&sim, &nats.url()).await;
-    let mut scenario = Scenario::new(sim.cluster());
-    wait_until_watching(&js, &mut scenario).await;
+    let (_nats, sim, js, ingest, mut scenario) = rig().await;
 
     let mut broken = WorkerPod::new("broken", "1", "etl", "t", "r").to_json();
     broken["metadata"]["annotations"]["try_number"] = "one".into();
