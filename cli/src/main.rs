@@ -8,6 +8,7 @@ mod json_stream;
 mod signal;
 mod sim;
 mod sink;
+mod tail;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ enum Command {
     Apply(apply::ApplyArgs),
     /// Apply commands from JetStream to an Airflow metadata DB.
     Sink(sink::SinkArgs),
+    /// Print pod events and commands as they happen.
+    Tail(tail::TailArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
     Sim(sim::SimArgs),
 }
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Ingest(args) => ingest::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
+        Command::Tail(args) => tail::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
