@@ -58,7 +58,13 @@ async fn handle(
         tokio::time::sleep(latency).await;
     }
     let query = parse_query(uri.query());
-    let response = route(&state, &method, uri.path(), &query, &headers, &body);
+    let request = Request {
+        method: &method,
+        query: &query,
+        headers: &headers,
+        body: &body,
+    };
+    let response = route(&state, uri.path(), &request);
     match response {
         Ok(response) => {
             tracing::debug!(%method, path = uri.path(), status = response.status().as_u16(), "request");
@@ -71,14 +77,17 @@ async fn handle(
     }
 }
 
-fn route(
-    state: &AppState,
-    method: &Method,
-    path: &str,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ApiError> {
+/// What a handler reads of a request besides its path.
+struct Request<'a> {
+    method: &'a Method,
+    query: &'a HashMap<String, String>,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+}
+
+fn route(state: &AppState, path: &str, request: &Request<'_>) -> Result<Response, ApiError> {
+    let method = request.method;
+    let headers = request.headers;
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let only_get = |value: Option<Value>| -> Result<Response, ApiError> {
         if method != Method::GET {
@@ -104,11 +113,11 @@ fn route(
         ["openapi", "v3", rest @ ..] => only_get(discovery::openapi_group_version(&rest.join("/"))),
         ["api", version, rest @ ..] => {
             let target = parse_target("", version, rest)?;
-            serve(state, method, &target, query, headers, body)
+            serve(state, &target, request)
         }
         ["apis", group, version, rest @ ..] => {
             let target = parse_target(group, version, rest)?;
-            serve(state, method, &target, query, headers, body)
+            serve(state, &target, request)
         }
         _ => Err(not_served()),
     }
@@ -180,14 +189,13 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, Api
     }
 }
 
-fn serve(
-    state: &AppState,
-    method: &Method,
-    target: &Target,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ApiError> {
+fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        method,
+        query,
+        headers,
+        body,
+    } = *request;
     if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::bad_request(
             "dryRun is not supported by the podstream simulator",

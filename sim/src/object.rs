@@ -165,16 +165,8 @@ pub fn prepare_create(
     mut value: Value,
     from_api: bool,
 ) -> Result<Value, ApiError> {
-    check_type(resource, &value)?;
-    let Some(object) = value.as_object_mut() else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    object.insert("kind".into(), json!(resource.kind()));
-    object.insert("apiVersion".into(), json!(resource.api_version()));
-    let meta = object
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let Some(meta) = meta.as_object_mut() else {
+    let object = typed(resource, &mut value)?;
+    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return Err(ApiError::bad_request("metadata must be an object"));
     };
     for field in SERVER_OWNED {
@@ -238,21 +230,13 @@ pub fn prepare_update(
     mut value: Value,
     status_subresource: bool,
 ) -> Result<Value, ApiError> {
-    check_type(resource, &value)?;
     let old_meta = old.get("metadata").cloned().unwrap_or_default();
     let old_name = old_meta
         .get("name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let Some(object) = value.as_object_mut() else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    object.insert("kind".into(), json!(resource.kind()));
-    object.insert("apiVersion".into(), json!(resource.api_version()));
-    let meta = object
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let Some(meta) = meta.as_object_mut() else {
+    let object = typed(resource, &mut value)?;
+    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return Err(ApiError::bad_request("metadata must be an object"));
     };
     if let Some(name) = meta.get("name").and_then(Value::as_str)
@@ -309,6 +293,21 @@ pub fn prepare_update(
 
 fn value_rv(value: &Value) -> Option<u64> {
     value.as_str().and_then(|s| s.parse().ok())
+}
+
+/// The body as an object of this resource's kind, `kind` and `apiVersion` set, `metadata`
+/// present (an object, or the caller reports it is not).
+fn typed(resource: Resource, value: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
+    check_type(resource, value)?;
+    let Some(object) = value.as_object_mut() else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    object.insert("kind".into(), json!(resource.kind()));
+    object.insert("apiVersion".into(), json!(resource.api_version()));
+    object
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    Ok(object)
 }
 
 fn check_type(resource: Resource, value: &Value) -> Result<(), ApiError> {
