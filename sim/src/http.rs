@@ -387,8 +387,18 @@ fn watch_response(
         timeout,
         format,
     };
+    let mut restarts = cluster.restarts();
+    restarts.borrow_and_update();
     let chunks = watch::start(cluster.clone(), request);
-    let body = Body::from_stream(ReceiverStream::new(chunks).map(Ok::<_, Infallible>));
+    // Chunks queued but not yet written are discarded too when watches are dropped.
+    let dropped = async move {
+        let _ = restarts.changed().await;
+    };
+    let body = Body::from_stream(
+        ReceiverStream::new(chunks)
+            .take_until(dropped)
+            .map(Ok::<_, Infallible>),
+    );
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")

@@ -186,6 +186,10 @@ async fn run(
             if events.is_empty() {
                 break;
             }
+            // A restart cuts the watch at once, even in the middle of a backlog.
+            if restarts.has_changed().unwrap_or(true) {
+                return Err("dropped");
+            }
             let mut chunk = BytesMut::new();
             for event in &events {
                 cursor = event.rv;
