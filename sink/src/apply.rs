@@ -112,6 +112,33 @@ impl Statements {
     }
 }
 
+/// The `log` row of an applied command, if it writes one: its `event` and `extra`, with
+/// `applied` (the new state, for a fail). Shared by the batch and the per-command paths.
+pub(crate) fn log_entry(
+    command: &Command,
+    applied: &str,
+) -> Option<(&'static str, serde_json::Value)> {
+    match &command.kind {
+        Some(Kind::Fail(fail)) => Some((
+            "podstream_fail",
+            serde_json::json!({
+                "reason": fail.reason,
+                "detail": fail.detail,
+                "state": applied,
+                "pod": command.pod.as_ref().map(|p| format!("{}/{}", p.namespace, p.name)),
+                "pod_uid": command.pod.as_ref().map(|p| p.uid.clone()),
+                "owner": command.owner,
+                "command_id": command.id,
+            }),
+        )),
+        Some(Kind::Transfer(transfer)) => Some((
+            "podstream_transfer",
+            serde_json::json!({ "from": transfer.from, "to": transfer.to, "command_id": command.id }),
+        )),
+        _ => None,
+    }
+}
+
 /// Now, as SQLAlchemy writes a datetime into SQLite.
 pub(crate) fn sqlite_now() -> String {
     jiff::Timestamp::now()
@@ -232,7 +259,7 @@ impl Database {
             return Ok(Outcome::Dead("command without a task instance key".into()));
         };
         let now = sqlite_now();
-        let (applied, event, extra) = match effect {
+        let applied = match effect {
             Effect::Fail { state } => {
                 let mut query = sqlx::query(&self.sql.fail)
                     .bind(&task.dag_id)
@@ -249,20 +276,7 @@ impl Database {
                         "changed meanwhile".into(),
                     )));
                 }
-                let (reason, detail) = match &command.kind {
-                    Some(Kind::Fail(fail)) => (fail.reason.clone(), fail.detail.clone()),
-                    _ => (String::new(), String::new()),
-                };
-                let extra = serde_json::json!({
-                    "reason": reason,
-                    "detail": detail,
-                    "state": state,
-                    "pod": command.pod.as_ref().map(|p| format!("{}/{}", p.namespace, p.name)),
-                    "pod_uid": command.pod.as_ref().map(|p| p.uid.clone()),
-                    "owner": command.owner,
-                    "command_id": command.id,
-                });
-                (*state, "podstream_fail", extra)
+                *state
             }
             Effect::Transfer { job_id } => {
                 let mut query = sqlx::query(&self.sql.transfer)
@@ -281,16 +295,11 @@ impl Database {
                         "changed meanwhile".into(),
                     )));
                 }
-                let from = match &command.kind {
-                    Some(Kind::Transfer(t)) => t.from.clone(),
-                    _ => String::new(),
-                };
-                let extra = serde_json::json!({ "from": from, "to": job_id.to_string(), "command_id": command.id });
-                ("transfer", "podstream_transfer", extra)
+                "transfer"
             }
-            Effect::Record => ("recorded", "", serde_json::Value::Null),
+            Effect::Record => "recorded",
         };
-        if !event.is_empty() {
+        if let Some((event, extra)) = log_entry(command, applied) {
             let mut log = sqlx::query(&self.sql.log)
                 .bind(&task.dag_id)
                 .bind(&task.task_id)

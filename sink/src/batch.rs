@@ -10,7 +10,7 @@ use podstream_proto::v1::command::Kind;
 use sqlx::any::AnyArguments;
 use sqlx::{Any, AnyConnection, Arguments, Connection, Row};
 
-use crate::apply::{Item, Outcome, sqlite_now};
+use crate::apply::{Item, Outcome, log_entry, sqlite_now};
 use crate::db::{Backend, Database};
 use crate::guard::{self, Effect, Skip, TiRow, Verdict};
 
@@ -362,7 +362,7 @@ impl Database {
                     Effect::Record => "recorded",
                 };
                 outcomes[update.index] = Some(Outcome::Applied(name));
-                logged.push(update.index);
+                logged.push((update.index, name));
             }
             self.insert_logs(conn, items, &logged, now).await?;
         }
@@ -373,36 +373,30 @@ impl Database {
         &self,
         conn: &mut AnyConnection,
         items: &[Item],
-        indexes: &[usize],
+        applied: &[(usize, &'static str)],
         now: &str,
     ) -> Result<(), sqlx::Error> {
-        if indexes.is_empty() {
+        if applied.is_empty() {
             return Ok(());
         }
         let mut m = Multi::new(self.backend);
         let now_sql = m.now(now);
-        let values: Vec<String> = indexes
+        let values: Vec<String> = applied
             .iter()
-            .filter_map(|i| items.get(*i))
-            .filter_map(|item| {
+            .filter_map(|(i, name)| items.get(*i).map(|item| (item, *name)))
+            .filter_map(|(item, name)| {
                 let command = &item.command;
                 let task = command.task.as_ref()?;
-                let (event, extra) = match &command.kind {
-                    Some(Kind::Fail(fail)) => (
-                        "podstream_fail",
-                        serde_json::json!({
-                            "reason": fail.reason, "detail": fail.detail,
-                            "pod": command.pod.as_ref().map(|p| format!("{}/{}", p.namespace, p.name)),
-                            "pod_uid": command.pod.as_ref().map(|p| p.uid.clone()),
-                            "owner": command.owner, "command_id": command.id,
-                        }),
-                    ),
-                    Some(Kind::Transfer(t)) => ("podstream_transfer", serde_json::json!({ "from": t.from, "to": t.to, "command_id": command.id })),
-                    _ => return None,
-                };
+                let (event, extra) = log_entry(command, name)?;
                 Some(format!(
                     "({now_sql}, {}, {}, {}, {}, {}, 'podstream', {}, {})",
-                    m.text(&task.dag_id), m.text(&task.task_id), m.int(task.map_index), m.text(event), m.text(&task.run_id), m.text(&extra.to_string()), m.int(task.try_number)
+                    m.text(&task.dag_id),
+                    m.text(&task.task_id),
+                    m.int(task.map_index),
+                    m.text(event),
+                    m.text(&task.run_id),
+                    m.text(&extra.to_string()),
+                    m.int(task.try_number)
                 ))
             })
             .collect();
