@@ -5,7 +5,7 @@ use std::time::Duration;
 /// Connects to `url`, retrying with exponential backoff (up to 30 s between attempts) and
 /// logging every failed attempt. The client then reconnects by itself after a lost connection.
 pub async fn connect(url: &str, name: &str) -> async_nats::Client {
-    let mut delay = Duration::from_millis(250);
+    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     let mut attempt = 1u32;
     loop {
         let options = async_nats::ConnectOptions::new()
@@ -28,9 +28,8 @@ pub async fn connect(url: &str, name: &str) -> async_nats::Client {
                 return client;
             }
             Err(error) => {
-                tracing::warn!(url, attempt, retry_in_ms = delay.as_millis() as u64, %error, "NATS unreachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
+                tracing::warn!(url, attempt, retry_in_ms = backoff.delay().as_millis() as u64, %error, "NATS unreachable; retrying");
+                backoff.wait().await;
                 attempt += 1;
             }
         }

@@ -1,13 +1,16 @@
 //! The NATS side every podstream component shares.
 //!
+//! - [`backoff`]: doubling delays between retries, shared by every retry loop.
 //! - [`connect`]: connecting to NATS, retrying with backoff and saying so.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 
+pub mod backoff;
 pub mod connect;
 pub mod dead;
 pub mod streams;
 
+pub use backoff::Backoff;
 pub use connect::connect;
 pub use streams::{StreamError, StreamSettings};

@@ -13,6 +13,7 @@ use async_nats::jetstream::{
     self, context::PublishError, message::PublishMessage, publish::PublishAck,
 };
 use futures::FutureExt;
+use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 
 use crate::known::{Outgoing, ROLE_HEADER};
@@ -169,7 +170,7 @@ impl Publisher {
         pending.extend(last);
         let mut acked = Vec::with_capacity(pending.len());
         for message in pending {
-            let mut delay = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             loop {
                 let attempt = async {
                     let ack = self
@@ -186,9 +187,8 @@ impl Publisher {
                         break;
                     }
                     Err(error) => {
-                        tracing::warn!(subject = message.subject(), %error, retry_in_ms = delay.as_millis() as u64, "publish failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        tracing::warn!(subject = message.subject(), %error, retry_in_ms = backoff.delay().as_millis() as u64, "publish failed; retrying");
+                        backoff.wait().await;
                     }
                 }
             }

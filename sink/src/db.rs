@@ -127,7 +127,8 @@ impl Database {
             Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rw"),
             _ => url.to_owned(),
         };
-        let mut delay = Duration::from_millis(250);
+        let mut backoff =
+            podstream_bus::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
         let pool = loop {
             let options = AnyPoolOptions::new()
                 .max_connections(if backend == Backend::Sqlite { 1 } else { 8 })
@@ -135,9 +136,8 @@ impl Database {
             match options.connect(&url).await {
                 Ok(pool) => break pool,
                 Err(error) if is_transient(&error) => {
-                    tracing::warn!(db = %redacted(&url), %error, retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(30));
+                    tracing::warn!(db = %redacted(&url), %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
+                    backoff.wait().await;
                 }
                 Err(error) => {
                     return Err(error).with_context(|| format!("connecting to {}", redacted(&url)));

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures::StreamExt;
+use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::Command;
@@ -142,15 +143,14 @@ pub async fn run(
 
 /// Applies a batch, retrying with backoff while the database is unreachable.
 async fn apply_with_retry(db: &Database, items: &[Item]) -> Vec<Outcome> {
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     loop {
         match db.apply_batch(items).await {
             Ok(outcomes) => return outcomes,
             Err(error) => {
                 let transient = is_transient(&error);
-                tracing::warn!(%error, transient, retry_in_ms = delay.as_millis() as u64, "applying a batch failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+                tracing::warn!(%error, transient, retry_in_ms = backoff.delay().as_millis() as u64, "applying a batch failed; retrying");
+                backoff.wait().await;
             }
         }
     }
@@ -180,7 +180,7 @@ async fn dead_letter(
         source: message.subject.to_string(),
         payload: message.payload.clone(),
     };
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let sent = async {
             let ack = js
@@ -194,8 +194,7 @@ async fn dead_letter(
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(%error, "dead letter not stored; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                backoff.wait().await;
             }
         }
     }

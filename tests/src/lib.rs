@@ -178,3 +178,14 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// A TCP port that is free on 127.0.0.1 now (for servers a test starts).
+///
+/// # Panics
+/// When the OS has none to give.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}

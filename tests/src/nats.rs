@@ -1,12 +1,11 @@
 //! A real `nats-server` with JetStream for a test: a free port, a temp storage dir, stop and
 //! restart on the same dir.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::workspace_root;
+use crate::{free_port, workspace_root};
 
 /// The `nats-server` binary: `$PODSTREAM_NATS_SERVER`, else the one `scripts/setup.sh`
 /// installs under `target/tools/bin`, else `nats-server` on PATH.
@@ -122,11 +121,4 @@ impl Drop for NatsServer {
             let _ = child.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
 }

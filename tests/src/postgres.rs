@@ -52,10 +52,7 @@ impl PgCluster {
     pub fn start() -> PgCluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        let port = crate::free_port();
         let data = dir.path().join("data");
         let status = as_postgres(&pg_bin().join("initdb"))
             .arg("-D")
