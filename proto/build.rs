@@ -7,13 +7,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([proto], ["proto"])?;
     let serde = "#[derive(serde::Serialize, serde::Deserialize)]";
     prost_build::Config::new()
-        // TaskKey and PodRef appear as-is in `podstream decide` output (contract §1).
-        .type_attribute(".podstream.v1.TaskKey", serde)
-        .type_attribute(".podstream.v1.PodRef", serde)
+        // Every type serializes: TaskKey and PodRef appear as-is in `podstream decide` output
+        // (contract §1), and the processor keeps its state and outbox as JSON in KV.
+        .type_attribute(".podstream.v1", serde)
         // Sortable, for deterministic output of the processor's state.
         .type_attribute(".podstream.v1.TaskKey", "#[derive(PartialOrd, Ord)]")
         .type_attribute(".podstream.v1.PodRef", "#[derive(PartialOrd, Ord)]")
-        .type_attribute(".podstream.v1.ContainerTerminated", serde)
         .field_attribute(
             ".podstream.v1.TaskKey.logical_date",
             "#[serde(default, skip_serializing_if = \"String::is_empty\")]",

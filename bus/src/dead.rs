@@ -42,3 +42,29 @@ impl DeadLetter {
 fn one_line(text: &str) -> String {
     text.replace(['\r', '\n'], " ")
 }
+
+/// Stores `dead` on its subject, retrying with backoff until JetStream acks it: a dead
+/// letter is the only copy of what could not be handled, so it is never given up.
+pub async fn store(js: &async_nats::jetstream::Context, dead: &DeadLetter) {
+    let mut backoff = crate::Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    );
+    loop {
+        let sent = async {
+            let ack = js
+                .send_publish(dead.subject.clone(), dead.to_publish())
+                .await?;
+            ack.await
+                .map(|_| ())
+                .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
+        };
+        match sent.await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, subject = %dead.subject, "dead letter not stored; retrying");
+                backoff.wait().await;
+            }
+        }
+    }
+}

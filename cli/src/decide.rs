@@ -23,6 +23,13 @@ pub struct DecideArgs {
     /// or pretty-printed. Standard input when absent or `-`.
     pub file: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub rules: RulesArgs,
+}
+
+/// Flags of the rules, shared by `decide`, `process` and `run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RulesArgs {
     /// Container waiting reasons that fail a pending pod, comma-separated;
     /// each is trimmed.
     #[arg(
@@ -31,6 +38,13 @@ pub struct DecideArgs {
         default_value = "CreateContainerConfigError,ErrImagePull,CreateContainerError,ImageInspectError,InvalidImageName"
     )]
     pub fatal_reasons: String,
+}
+
+impl RulesArgs {
+    /// The rules these flags describe.
+    pub fn rules(&self) -> Rules {
+        Rules::from_comma_list(&self.fatal_reasons)
+    }
 }
 
 /// Counts of one `decide` run.
@@ -57,7 +71,7 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
     let summary = decide_stream(
         BufReader::new(input),
         &mut stdout.lock(),
-        Rules::from_comma_list(&args.fatal_reasons),
+        args.rules.rules(),
     )?;
     info!(
         events = summary.events,

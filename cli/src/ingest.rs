@@ -1,11 +1,10 @@
 //! `podstream ingest`: every worker-pod event onto JetStream (contract.md §2).
 
-use std::time::Duration;
-
 use anyhow::Context;
 use clap::Args;
-use podstream_bus::StreamSettings;
 use podstream_ingest::service::{self, IngestConfig};
+
+use crate::stream_args::StreamArgs;
 
 /// Flags of `podstream ingest`.
 #[derive(Debug, Args)]
@@ -16,28 +15,14 @@ pub struct IngestArgs {
     /// NATS server with JetStream.
     #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
     pub nats: String,
-    /// Subject prefix; streams are named after it (PODSTREAM_PODS, PODSTREAM_DEAD).
-    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
-    pub prefix: String,
+    #[command(flatten)]
+    pub streams: StreamArgs,
     /// Namespaces to watch, comma-separated; all namespaces when empty.
     #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
     /// kubeconfig context to use instead of the current one.
     #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
     pub kube_context: Option<String>,
-    /// Stream replicas (3 on a JetStream cluster).
-    #[arg(long, env = "PODSTREAM_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
-    /// Seconds in which a re-published event is dropped as a duplicate.
-    #[arg(
-        long,
-        env = "PODSTREAM_DUPLICATE_WINDOW_SECONDS",
-        default_value_t = 120
-    )]
-    pub duplicate_window_seconds: u64,
-    /// Hours events are kept for replay.
-    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS", default_value_t = 168)]
-    pub max_age_hours: u64,
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = 1024)]
     pub ack_window: usize,
@@ -51,21 +36,11 @@ pub struct IngestArgs {
 }
 
 impl IngestArgs {
-    /// The stream settings these flags describe.
-    pub fn stream_settings(&self) -> StreamSettings {
-        StreamSettings {
-            replicas: self.stream_replicas,
-            duplicate_window: Duration::from_secs(self.duplicate_window_seconds),
-            max_age: Duration::from_secs(self.max_age_hours * 3600),
-            ..StreamSettings::default()
-        }
-    }
-
     /// The ingest configuration these flags describe.
     pub fn config(&self) -> IngestConfig {
         IngestConfig {
             nats_url: self.nats.clone(),
-            prefix: self.prefix.clone(),
+            prefix: self.streams.prefix.clone(),
             namespaces: self
                 .namespaces
                 .iter()
@@ -73,7 +48,7 @@ impl IngestArgs {
                 .cloned()
                 .collect(),
             kube_context: self.kube_context.clone(),
-            streams: self.stream_settings(),
+            streams: self.streams.settings(),
             ack_window: self.ack_window,
             checkpoint_bucket: self.checkpoint_bucket.clone(),
             ..IngestConfig::default()

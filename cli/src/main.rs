@@ -5,9 +5,11 @@ mod db_args;
 mod decide;
 mod ingest;
 mod json_stream;
+mod process;
 mod signal;
 mod sim;
 mod sink;
+mod stream_args;
 mod tail;
 
 use std::process::ExitCode;
@@ -30,6 +32,8 @@ enum Command {
     Decide(decide::DecideArgs),
     /// Watch every Airflow worker pod and publish its events on JetStream.
     Ingest(ingest::IngestArgs),
+    /// Decide pod events from JetStream and publish commands (state in JetStream KV).
+    Process(process::ProcessArgs),
     /// Apply `decide`'s JSON lines to an Airflow metadata DB, without NATS.
     Apply(apply::ApplyArgs),
     /// Apply commands from JetStream to an Airflow metadata DB.
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Decide(args) => decide::run(args).map(|_| ()),
         Command::Sim(args) => sim::run(args),
         Command::Ingest(args) => ingest::run(args),
+        Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
         Command::Tail(args) => tail::run(args),

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podstream_bus::StreamSettings;
 use podstream_sink::Database;
 use podstream_sink::service::{self, SinkConfig};
 
 use crate::db_args::DbArgs;
+use crate::stream_args::StreamArgs;
 
 /// Flags of `podstream sink`.
 #[derive(Debug, Args)]
@@ -19,9 +19,8 @@ pub struct SinkArgs {
     /// NATS server with JetStream.
     #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
     nats: String,
-    /// Subject prefix.
-    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
-    prefix: String,
+    #[command(flatten)]
+    streams: StreamArgs,
     #[command(flatten)]
     db: DbArgs,
     /// Durable consumer name; sinks with the same name share the commands.
@@ -37,9 +36,6 @@ pub struct SinkArgs {
     /// Milliseconds a batch waits to fill.
     #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 50)]
     batch_wait_ms: u64,
-    /// Stream replicas (3 on a JetStream cluster).
-    #[arg(long, env = "PODSTREAM_STREAM_REPLICAS", default_value_t = 1)]
-    stream_replicas: usize,
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -49,14 +45,11 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
         let db = Database::connect(&args.db.url()?).await?;
         let config = SinkConfig {
             nats_url: args.nats.clone(),
-            prefix: args.prefix.clone(),
+            prefix: args.streams.prefix.clone(),
             consumer: args.consumer.clone(),
             batch_size: args.batch_size,
             batch_wait: Duration::from_millis(args.batch_wait_ms),
-            streams: StreamSettings {
-                replicas: args.stream_replicas,
-                ..StreamSettings::default()
-            },
+            streams: args.streams.settings(),
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;
         eprintln!("sink stopped: {summary}");

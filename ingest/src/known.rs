@@ -17,27 +17,7 @@ use podstream_proto::subject::Subjects;
 use podstream_proto::v1::EventType;
 use prost::Message as _;
 
-/// Why a message goes on a subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The pod's event, on its current owner's subject.
-    Event,
-    /// The same event on the previous owner's subject: the pod left that scheduler.
-    Left,
-}
-
-impl Role {
-    /// The value of the `Podstream-Role` header.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Event => "event",
-            Role::Left => "left",
-        }
-    }
-}
-
-/// The `Podstream-Role` header: `event`, or `left` for the notice to a previous owner.
-pub const ROLE_HEADER: &str = "Podstream-Role";
+pub use podstream_proto::subject::{ROLE_HEADER, Role};
 
 /// One message for the pod-events stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +32,18 @@ pub struct Outgoing {
     pub event: PodEvent,
     /// The event encoded once, for the bus and the checkpoint.
     pub payload: Bytes,
+}
+
+impl Outgoing {
+    /// The JetStream message: payload, `Nats-Msg-Id` and the role header.
+    pub fn to_publish(&self) -> async_nats::jetstream::message::PublishMessage {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(ROLE_HEADER, self.role.as_str());
+        async_nats::jetstream::message::PublishMessage::build()
+            .headers(headers)
+            .payload(self.payload.clone())
+            .message_id(&self.msg_id)
+    }
 }
 
 /// The deterministic message id of an event: the same fact always gets the same id, so

@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 
@@ -16,7 +15,7 @@ use futures::FutureExt;
 use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 
-use crate::known::{Outgoing, ROLE_HEADER};
+use crate::known::Outgoing;
 
 /// A message for the bus: a pod event or a dead letter.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,14 +36,7 @@ impl Message {
 
     fn to_publish(&self) -> PublishMessage {
         match self {
-            Message::Pod(out) => {
-                let mut headers = HeaderMap::new();
-                headers.insert(ROLE_HEADER, out.role.as_str());
-                PublishMessage::build()
-                    .headers(headers)
-                    .payload(out.payload.clone())
-                    .message_id(&out.msg_id)
-            }
+            Message::Pod(out) => out.to_publish(),
             Message::Dead(dead) => dead.to_publish(),
         }
     }

@@ -6,12 +6,16 @@
 //! - [`decide`](mod@decide): all of the above for one event and the prior state.
 //! - [`state`]: the per-pod and per-TI state and the [`StateStore`] trait.
 //! - [`processor`]: [`Processor`], load → decide → store.
+//! - [`record`]: the KV record of one task instance and how one event changes it (pure).
+//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
 
 pub mod decide;
 pub mod duplicates;
 pub mod order;
 pub mod processor;
+pub mod record;
 pub mod rules;
+pub mod service;
 pub mod state;
 
 pub use decide::{Applied, Decision, EventError, decide};

@@ -122,7 +122,7 @@ impl Rules {
 }
 
 /// What one event says about the task instance of its pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     /// The pod failed the task.
     Fail(Failure),
@@ -167,7 +167,7 @@ impl Outcome {
 }
 
 /// Why a failing pod fails its task.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Failure {
     /// `provider_failed`, `fatal_pending:<Reason>`, `pod_failed`, `deleted_while_running`.
     pub reason: String,
@@ -188,7 +188,7 @@ impl Failure {
 }
 
 /// Why an event changes no task state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Ignored {
     /// Row 1: the executor revoked the pod.
     Revoked,

@@ -14,7 +14,7 @@ use podstream_proto::v1::{Phase, PodRef, TaskKey};
 use crate::rules::Outcome;
 
 /// The last applied facts of one pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodState {
     /// The task instance the pod runs.
     pub task: TaskKey,
@@ -28,7 +28,7 @@ pub struct PodState {
 }
 
 /// The pods of one task instance.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct TaskState {
     /// Every pod currently mapping to the TI, in no particular order.
     pub candidates: Vec<Candidate>,
@@ -48,7 +48,7 @@ impl TaskState {
 }
 
 /// One pod of a task instance, with the facts duplicate resolution needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Candidate {
     /// The pod.
     pub pod: PodRef,

@@ -120,6 +120,28 @@ pub fn decode_token(token: &str) -> Result<String, TokenError> {
     })
 }
 
+/// Why a message goes on a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The pod's event, on its current owner's subject.
+    Event,
+    /// The same event on the previous owner's subject: the pod left that scheduler.
+    Left,
+}
+
+impl Role {
+    /// The value of the `Podstream-Role` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Event => "event",
+            Role::Left => "left",
+        }
+    }
+}
+
+/// The `Podstream-Role` header of pod-event messages: `event`, or `left` for the notice to a previous owner.
+pub const ROLE_HEADER: &str = "Podstream-Role";
+
 /// The pipeline stage that dead-lettered a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {

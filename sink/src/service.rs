@@ -180,24 +180,7 @@ async fn dead_letter(
         source: message.subject.to_string(),
         payload: message.payload.clone(),
     };
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    loop {
-        let sent = async {
-            let ack = js
-                .send_publish(dead.subject.clone(), dead.to_publish())
-                .await?;
-            ack.await
-                .map(|_| ())
-                .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
-        };
-        match sent.await {
-            Ok(()) => return,
-            Err(error) => {
-                tracing::warn!(%error, "dead letter not stored; retrying");
-                backoff.wait().await;
-            }
-        }
-    }
+    podstream_bus::dead::store(js, &dead).await;
 }
 
 fn log_outcome(command: &Command, outcome: &Outcome) {

@@ -1,0 +1,79 @@
+//! `podstream process`: pod events → the rules → commands, with state in JetStream KV.
+
+use anyhow::Context;
+use clap::Args;
+use podstream_processor::service::{self, ProcessConfig};
+
+use crate::decide::RulesArgs;
+use crate::stream_args::StreamArgs;
+
+/// Flags of `podstream process`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  podstream process --nats nats://127.0.0.1:4222\n  podstream process --nats nats://nats:4222 --scheduler 1,7    # only these schedulers' pods"
+)]
+pub struct ProcessArgs {
+    /// NATS server with JetStream.
+    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    #[command(flatten)]
+    pub streams: StreamArgs,
+    /// Schedulers (`airflow-worker` values) to process, comma-separated; every scheduler when
+    /// empty. Instances naming the same scheduler share its work.
+    #[arg(long, env = "PODSTREAM_SCHEDULERS", value_delimiter = ',')]
+    pub scheduler: Vec<String>,
+    /// Durable consumer name (suffixed `-<scheduler>` with --scheduler).
+    #[arg(
+        long,
+        env = "PODSTREAM_PROCESS_CONSUMER",
+        default_value = "podstream-process"
+    )]
+    pub consumer: String,
+    /// KV bucket of the per-task-instance state.
+    #[arg(
+        long,
+        env = "PODSTREAM_PROCESS_BUCKET",
+        default_value = "podstream-process"
+    )]
+    pub bucket: String,
+    /// Pod events fetched at once.
+    #[arg(long, env = "PODSTREAM_PROCESS_BATCH_SIZE", default_value_t = 256)]
+    pub batch_size: usize,
+    /// Task instances decided concurrently.
+    #[arg(long, env = "PODSTREAM_PROCESS_CONCURRENCY", default_value_t = 64)]
+    pub concurrency: usize,
+    #[command(flatten)]
+    pub rules: RulesArgs,
+}
+
+impl ProcessArgs {
+    /// The processor configuration these flags describe.
+    pub fn config(&self) -> ProcessConfig {
+        ProcessConfig {
+            nats_url: self.nats.clone(),
+            prefix: self.streams.prefix.clone(),
+            schedulers: self
+                .scheduler
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
+            consumer: self.consumer.clone(),
+            bucket: self.bucket.clone(),
+            rules: self.rules.rules(),
+            batch_size: self.batch_size,
+            concurrency: self.concurrency,
+            streams: self.streams.settings(),
+        }
+    }
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub fn run(args: &ProcessArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    runtime.block_on(async {
+        let stats = service::run(args.config(), crate::signal::shutdown_signal()).await?;
+        eprintln!("processor stopped: {stats}");
+        Ok(())
+    })
+}

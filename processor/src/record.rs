@@ -1,0 +1,164 @@
+//! What the processor service keeps in JetStream KV for one task instance, and how one event
+//! changes it. Pure: the service loads a record, calls [`TaskRecord::apply`], and writes it
+//! back with compare-and-set.
+//!
+//! One record per TI holds the TI's state *and* the state of each of its pods, so deciding an
+//! event is one read and one compare-and-set write: two processors deciding events of two pods
+//! of the same TI can never interleave their updates. A pod's state also carries the stream
+//! sequence of its last decided event, which is how an instance finds earlier events of the
+//! pod that another instance has not decided yet (per-pod order across instances).
+
+use std::collections::BTreeMap;
+
+use podstream_proto::v1::{Command, TaskKey};
+use podstream_proto::PodEvent;
+use serde::{Deserialize, Serialize};
+
+use crate::decide::{Decision, EventError, decide, identity};
+use crate::rules::Rules;
+use crate::state::{PodState, Prior, TaskState};
+
+/// The KV entry of one task instance.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Every pod that ever mapped to the TI, deleted ones as tombstones, by uid.
+    pub pods: BTreeMap<String, PodRecord>,
+    /// The TI's state; `None` when no live pod maps to it.
+    pub task: Option<TaskState>,
+    /// The commands of the last write, kept until a later write: whoever loads the record
+    /// publishes them again (deduplicated by `Nats-Msg-Id`), so a processor that died
+    /// between its write and its publish loses nothing.
+    pub outbox: Vec<Command>,
+}
+
+/// One pod of the TI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    /// Its state for the rules.
+    pub state: PodState,
+    /// Stream sequence of its last decided event.
+    pub sequence: u64,
+}
+
+impl TaskRecord {
+    /// The KV key of task instance `task`: `ti.<dag>.<task>.<run>.<map index>.<try>`, each
+    /// token escaped to the characters KV keys allow.
+    pub fn key(task: &TaskKey) -> String {
+        let run = if task.is_complete() {
+            &task.run_id
+        } else {
+            &task.logical_date
+        };
+        format!(
+            "ti.{}.{}.{}.{}.{}",
+            key_token(&task.dag_id),
+            key_token(&task.task_id),
+            key_token(run),
+            task.map_index,
+            task.try_number
+        )
+    }
+
+    /// Stream sequence of the last decided event of pod `uid`; 0 when none was.
+    pub fn last_sequence(&self, uid: &str) -> u64 {
+        self.pods.get(uid).map_or(0, |p| p.sequence)
+    }
+
+    /// Decides `event`, found at stream `sequence`, and records the result; returns the
+    /// commands. An event already decided (sequence not past the pod's last) changes nothing.
+    pub fn apply(
+        &mut self,
+        rules: &Rules,
+        event: &PodEvent,
+        sequence: u64,
+    ) -> Result<Vec<Command>, EventError> {
+        let (pod, _) = identity(event)?;
+        let uid = pod.uid.clone();
+        if sequence != 0 && sequence <= self.last_sequence(&uid) {
+            return Ok(Vec::new());
+        }
+        let prior = Prior {
+            pod: self.pods.get(&uid).map(|p| p.state.clone()),
+            task: self.task.clone(),
+        };
+        match decide(rules, event, prior)? {
+            Decision::Stale { .. } => {
+                if let Some(record) = self.pods.get_mut(&uid) {
+                    record.sequence = record.sequence.max(sequence);
+                }
+                Ok(Vec::new())
+            }
+            Decision::Applied(applied) => {
+                self.pods.insert(
+                    uid,
+                    PodRecord {
+                        state: applied.pod,
+                        sequence,
+                    },
+                );
+                self.task = applied.task;
+                Ok(applied.commands)
+            }
+        }
+    }
+
+    /// Serializes the record (JSON, readable with `nats kv get`).
+    pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+
+    /// Reads a record written by [`TaskRecord::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<TaskRecord, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// Escapes a value into KV-key characters: letters, digits, `-` and `_` stay, every other
+/// byte becomes `=XX`; an empty value is `=`.
+fn key_token(value: &str) -> String {
+    if value.is_empty() {
+        return "=".to_owned();
+    }
+    let mut token = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
+            token.push(char::from(byte));
+        } else {
+            token.push_str(&format!("={byte:02X}"));
+        }
+    }
+    token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_use_only_kv_key_characters_and_stay_distinct() {
+        let cases = [
+            ("etl", "load", "manual__2024-01-01T00:00:00+00:00", -1, 1),
+            ("etl.v2", "load", "r", 3, 2),
+            ("etl", "v2.load", "r", 3, 2),
+            ("dag with spaces", "tâche", "", 0, 1),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (dag_id, task_id, run_id, map_index, try_number) in cases {
+            let key = TaskRecord::key(&TaskKey {
+                dag_id: dag_id.into(),
+                task_id: task_id.into(),
+                run_id: run_id.into(),
+                map_index,
+                try_number,
+                logical_date: String::new(),
+            });
+            assert!(
+                key.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_=.".contains(&b)),
+                "{key}"
+            );
+            assert_eq!(key.split('.').count(), 6, "{key}");
+            assert!(seen.insert(key.clone()), "{key} twice");
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! `podstream process`: pod events from JetStream → the rules → commands on JetStream.
+//!
+//! - **Work sharing.** One durable pull consumer per scheduler (`--scheduler 1,7`), or one on
+//!   every owner. Instances naming the same scheduler share its consumer: more instances, more
+//!   throughput, no coordination of our own.
+//! - **State.** Nothing lives only in memory: each task instance has a KV record
+//!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race reloads
+//!   and decides again.
+//! - **Per-pod order across instances.** A consumer shared by several instances may hand a
+//!   pod's events to different instances. Before deciding an event at sequence `s`, the
+//!   instance asks the stream for the pod's messages after the last one its record has decided
+//!   (a wildcard lookup over every owner's subject of the pod) and decides any earlier one
+//!   first. So events are decided in stream order, whoever receives them; the instance that
+//!   receives an already decided event just acks it.
+//! - **Exactly once in effect.** Commands carry deterministic `Nats-Msg-Id`s and are stored in
+//!   the record's outbox by the same write as the state; a pod event is acked only after its
+//!   commands are acked.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, AckKind, consumer::pull, kv, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use podstream_bus::Backoff;
+use podstream_bus::dead::{self, DeadLetter};
+use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::subject::{ROLE_HEADER, Role, Stage, Subjects, encode_token};
+use podstream_proto::v1::Command;
+use podstream_proto::PodEvent;
+use prost::Message as _;
+use tracing::{debug, info, warn};
+
+use crate::decide::identity;
+use crate::record::TaskRecord;
+use crate::rules::Rules;
+
+/// How the processor runs.
+#[derive(Debug, Clone)]
+pub struct ProcessConfig {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Subject prefix.
+    pub prefix: String,
+    /// Schedulers (owners) to process; empty means every owner.
+    pub schedulers: Vec<String>,
+    /// Durable consumer name, suffixed with the scheduler when `schedulers` is set.
+    pub consumer: String,
+    /// The KV bucket of task records.
+    pub bucket: String,
+    /// The rules.
+    pub rules: Rules,
+    /// Pod events fetched at once per consumer.
+    pub batch_size: usize,
+    /// Task instances decided concurrently within a batch.
+    pub concurrency: usize,
+    /// Settings of the streams and the bucket.
+    pub streams: StreamSettings,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        ProcessConfig {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            prefix: "podstream".into(),
+            schedulers: Vec::new(),
+            consumer: "podstream-process".into(),
+            bucket: "podstream-process".into(),
+            rules: Rules::default(),
+            batch_size: 256,
+            concurrency: 64,
+            streams: StreamSettings::default(),
+        }
+    }
+}
+
+/// Counters reported when the processor stops.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Pod events decided.
+    pub decided: u64,
+    /// Commands published.
+    pub commands: u64,
+    /// Pod events that were dead-lettered.
+    pub dead_lettered: u64,
+}
+
+impl std::fmt::Display for ProcessStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "decided {}, commands {}, dead-lettered {}",
+            self.decided, self.commands, self.dead_lettered
+        )
+    }
+}
+
+/// Runs until `shutdown` resolves; the batches in hand are finished first.
+pub async fn run(
+    config: ProcessConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<ProcessStats> {
+    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
+    let nats = podstream_bus::connect(&config.nats_url, "podstream-process").await;
+    let js = jetstream::new(nats);
+    let pods = streams::pods_stream(&config.prefix, &config.streams);
+    let pods_name = pods.name.clone();
+    streams::ensure(&js, pods).await?;
+    streams::ensure(&js, streams::commands_stream(&config.prefix, &config.streams)).await?;
+    streams::ensure(&js, streams::dead_stream(&config.prefix, &config.streams)).await?;
+    let pods = js
+        .get_stream(&pods_name)
+        .await
+        .context("opening the pod-events stream")?;
+    let records = open_bucket(&js, &config).await?;
+
+    let mut consumers = Vec::new();
+    let scopes: Vec<Option<&str>> = if config.schedulers.is_empty() {
+        vec![None]
+    } else {
+        config.schedulers.iter().map(|s| Some(s.as_str())).collect()
+    };
+    for scope in scopes {
+        let name = match scope {
+            None => config.consumer.clone(),
+            Some(owner) => format!("{}-{}", config.consumer, encode_token(owner)),
+        };
+        let consumer = pods
+            .get_or_create_consumer(
+                &name,
+                pull::Config {
+                    durable_name: Some(name.clone()),
+                    filter_subject: subjects.pod_events_filter(scope),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: Duration::from_secs(30),
+                    max_ack_pending: 10_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .with_context(|| format!("creating consumer {name}"))?;
+        info!(consumer = %name, filter = %subjects.pod_events_filter(scope), "processing");
+        consumers.push(consumer);
+    }
+
+    let worker = Worker {
+        js,
+        pods,
+        records,
+        subjects,
+        rules: config.rules.clone(),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let loops = consumers.into_iter().map(|consumer| {
+        let worker = &worker;
+        let mut stopped = stopped.clone();
+        async move {
+            let mut stats = ProcessStats::default();
+            loop {
+                let batch = tokio::select! {
+                    _ = stopped.wait_for(|s| *s) => break,
+                    batch = consumer.fetch().max_messages(config.batch_size).expires(Duration::from_millis(100)).messages() => batch,
+                };
+                let mut messages = match batch {
+                    Ok(messages) => messages,
+                    Err(error) => {
+                        warn!(%error, "fetching pod events failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                let mut fetched = Vec::new();
+                while let Some(message) = messages.next().await {
+                    match message {
+                        Ok(message) => fetched.push(message),
+                        Err(error) => warn!(%error, "receiving a pod event failed"),
+                    }
+                }
+                worker.batch(fetched, config.concurrency, &mut stats).await;
+            }
+            stats
+        }
+    });
+    let all = futures::future::join_all(loops);
+    tokio::pin!(all);
+    tokio::pin!(shutdown);
+    let per_consumer = tokio::select! {
+        stats = &mut all => stats,
+        _ = &mut shutdown => {
+            let _ = stop.send(true);
+            all.await
+        }
+    };
+    let stats = per_consumer
+        .into_iter()
+        .fold(ProcessStats::default(), |a, b| ProcessStats {
+            decided: a.decided + b.decided,
+            commands: a.commands + b.commands,
+            dead_lettered: a.dead_lettered + b.dead_lettered,
+        });
+    info!(%stats, "processor stopped");
+    Ok(stats)
+}
+
+async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow::Result<kv::Store> {
+    if let Ok(store) = js.get_key_value(&config.bucket).await {
+        return Ok(store);
+    }
+    js.create_key_value(kv::Config {
+        bucket: config.bucket.clone(),
+        description: "podstream processor: per task instance, its pods' states".into(),
+        history: 1,
+        // Records of TIs without events for this long go; no event older can be redelivered.
+        max_age: config.streams.max_age,
+        storage: stream::StorageType::File,
+        num_replicas: config.streams.replicas,
+        ..Default::default()
+    })
+    .await
+    .with_context(|| format!("creating KV bucket {}", config.bucket))
+}
+
+/// A pod event taken off the consumer.
+struct Delivery {
+    message: jetstream::Message,
+    sequence: u64,
+    event: PodEvent,
+    key: String,
+}
+
+/// What every consumer loop shares.
+struct Worker {
+    js: jetstream::Context,
+    pods: stream::Stream,
+    records: kv::Store,
+    subjects: Subjects,
+    rules: Rules,
+}
+
+/// Why deciding an event must be retried.
+#[derive(Debug, thiserror::Error)]
+enum Retry {
+    #[error("reading task record: {0}")]
+    Load(String),
+    #[error("writing task record: {0}")]
+    Store(String),
+    #[error("looking up earlier events of the pod: {0}")]
+    Lookup(String),
+    #[error("publishing commands: {0}")]
+    Publish(String),
+}
+
+impl Worker {
+    /// Decides one fetched batch: messages of one TI in order, different TIs concurrently.
+    async fn batch(
+        &self,
+        fetched: Vec<jetstream::Message>,
+        concurrency: usize,
+        stats: &mut ProcessStats,
+    ) {
+        let mut groups: Vec<Vec<Delivery>> = Vec::new();
+        let mut group_of: HashMap<String, usize> = HashMap::new();
+        for message in fetched {
+            match self.accept(message).await {
+                Accepted::Decide(delivery) => {
+                    let at = *group_of.entry(delivery.key.clone()).or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
+                    groups[at].push(delivery);
+                }
+                Accepted::Done => {}
+                Accepted::Dead => stats.dead_lettered += 1,
+            }
+        }
+        let results: Vec<(u64, u64)> = futures::stream::iter(groups)
+            .map(|group| self.group(group))
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        for (decided, commands) in results {
+            stats.decided += decided;
+            stats.commands += commands;
+        }
+    }
+
+    /// Sorts out notices and malformed messages; the rest is decided.
+    async fn accept(&self, message: jetstream::Message) -> Accepted {
+        let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
+        if is_notice(message.headers.as_ref()) {
+            // The owner's side of a transfer: the event itself is on the new owner's subject.
+            ack(&message).await;
+            return Accepted::Done;
+        }
+        let reason = match PodEvent::decode(message.payload.as_ref()) {
+            Ok(event) => match identity(&event) {
+                Ok((_, task)) => {
+                    let key = TaskRecord::key(task);
+                    return Accepted::Decide(Delivery {
+                        message,
+                        sequence,
+                        event,
+                        key,
+                    });
+                }
+                Err(error) => error.to_string(),
+            },
+            Err(error) => format!("not a PodEvent: {error}"),
+        };
+        warn!(subject = %message.subject, sequence, %reason, "pod event dead-lettered");
+        let letter = DeadLetter {
+            subject: self.subjects.dead_letters(Stage::Processor),
+            msg_id: format!("processor:{}:{sequence}", message.subject),
+            reason,
+            source: message.subject.to_string(),
+            payload: message.payload.clone(),
+        };
+        dead::store(&self.js, &letter).await;
+        ack(&message).await;
+        Accepted::Dead
+    }
+
+    /// Decides the events of one TI in order, retrying each until it is done.
+    async fn group(&self, group: Vec<Delivery>) -> (u64, u64) {
+        let mut cached: Option<(TaskRecord, u64)> = None;
+        let (mut decided, mut published) = (0, 0);
+        for delivery in group {
+            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+            loop {
+                match self.decide(&delivery, &mut cached).await {
+                    Ok(commands) => {
+                        decided += 1;
+                        published += commands;
+                        ack(&delivery.message).await;
+                        break;
+                    }
+                    Err(error) => {
+                        cached = None;
+                        warn!(%error, ti = %delivery.key, sequence = delivery.sequence,
+                            retry_in_ms = backoff.delay().as_millis() as u64, "deciding an event failed; retrying");
+                        backoff.wait().await;
+                    }
+                }
+            }
+        }
+        (decided, published)
+    }
+
+    /// Decides one event (and any earlier undecided event of its pod), writes the record with
+    /// compare-and-set, then publishes the commands. Returns how many were published.
+    async fn decide(
+        &self,
+        delivery: &Delivery,
+        cached: &mut Option<(TaskRecord, u64)>,
+    ) -> Result<u64, Retry> {
+        let uid = identity(&delivery.event)
+            .map(|(pod, _)| pod.uid.clone())
+            .unwrap_or_default();
+        loop {
+            let (mut record, revision, fresh) = match cached.take() {
+                Some((record, revision)) => (record, revision, false),
+                None => {
+                    let (record, revision) = self.load(&delivery.key).await?;
+                    (record, revision, true)
+                }
+            };
+            // A record read from KV may hold commands whose publisher died before publishing.
+            if fresh && !record.outbox.is_empty() {
+                self.publish(&record.outbox).await?;
+            }
+            let last = record.last_sequence(&uid);
+            if delivery.sequence <= last {
+                debug!(uid = %uid, ti = %delivery.key, sequence = delivery.sequence, "already decided");
+                *cached = Some((record, revision));
+                return Ok(0);
+            }
+            let mut commands = Vec::new();
+            for (sequence, earlier) in self.earlier(&uid, last, delivery.sequence).await? {
+                let same_task =
+                    identity(&earlier).is_ok_and(|(_, task)| TaskRecord::key(task) == delivery.key);
+                if same_task && let Ok(more) = record.apply(&self.rules, &earlier, sequence) {
+                    debug!(uid = %uid, sequence, "decided an earlier event of the pod first");
+                    commands.extend(more);
+                }
+            }
+            let more = record
+                .apply(&self.rules, &delivery.event, delivery.sequence)
+                .unwrap_or_default();
+            commands.extend(more);
+            record.outbox = commands.clone();
+            let bytes = record
+                .encode()
+                .map_err(|e| Retry::Store(e.to_string()))?;
+            match self
+                .records
+                .update(&delivery.key, Bytes::from(bytes), revision)
+                .await
+            {
+                Ok(revision) => {
+                    self.publish(&commands).await?;
+                    *cached = Some((record, revision));
+                    return Ok(commands.len() as u64);
+                }
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    debug!(ti = %delivery.key, "task record changed meanwhile; deciding again");
+                }
+                Err(error) => return Err(Retry::Store(error.to_string())),
+            }
+        }
+    }
+
+    /// The record of `key` and its revision (0 when there is none yet).
+    async fn load(&self, key: &str) -> Result<(TaskRecord, u64), Retry> {
+        let entry = self
+            .records
+            .entry(key)
+            .await
+            .map_err(|e| Retry::Load(e.to_string()))?;
+        match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                let record = TaskRecord::decode(&entry.value).unwrap_or_else(|error| {
+                    // Not ours to lose sleep over: deciding from scratch re-emits at worst
+                    // commands the sink already skips by id.
+                    warn!(ti = %key, %error, "task record unreadable; starting it afresh");
+                    TaskRecord::default()
+                });
+                Ok((record, entry.revision))
+            }
+            Some(entry) => Ok((TaskRecord::default(), entry.revision)),
+            None => Ok((TaskRecord::default(), 0)),
+        }
+    }
+
+    /// The pod's events (not notices) after sequence `after` and before `before`, in order.
+    async fn earlier(
+        &self,
+        uid: &str,
+        after: u64,
+        before: u64,
+    ) -> Result<Vec<(u64, PodEvent)>, Retry> {
+        let subject = format!("{}.pods.*.{}", self.subjects.prefix(), encode_token(uid));
+        let mut found = Vec::new();
+        let mut next = after + 1;
+        while next < before {
+            let message = match self
+                .pods
+                .get_first_raw_message_by_subject(&subject, next)
+                .await
+            {
+                Ok(message) => message,
+                Err(error)
+                    if error.kind()
+                        == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+                {
+                    break;
+                }
+                Err(error) => return Err(Retry::Lookup(error.to_string())),
+            };
+            if message.sequence >= before {
+                break;
+            }
+            next = message.sequence + 1;
+            if is_notice(Some(&message.headers)) {
+                continue;
+            }
+            if let Ok(event) = PodEvent::decode(message.payload.as_ref()) {
+                found.push((message.sequence, event));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Publishes commands in order and waits for every ack.
+    async fn publish(&self, commands: &[Command]) -> Result<(), Retry> {
+        let mut acks = Vec::with_capacity(commands.len());
+        for command in commands {
+            let uid = command.pod.as_ref().map_or("", |p| p.uid.as_str());
+            let subject = self.subjects.commands(&command.owner, uid);
+            let message = jetstream::message::PublishMessage::build()
+                .message_id(&command.id)
+                .payload(Bytes::from(command.encode_to_vec()));
+            let ack = self
+                .js
+                .send_publish(subject, message)
+                .await
+                .map_err(|e| Retry::Publish(e.to_string()))?;
+            let kind = command.kind.as_ref().map_or("none", |k| k.name());
+            let ti = command.task.as_ref().map(ToString::to_string).unwrap_or_default();
+            info!(pod = %uid, %ti, owner = %command.owner, kind, id = %command.id, "command");
+            acks.push(ack);
+        }
+        for ack in acks {
+            ack.await.map_err(|e| Retry::Publish(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+enum Accepted {
+    Decide(Delivery),
+    Done,
+    Dead,
+}
+
+fn is_notice(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers
+        .and_then(|h| h.get(ROLE_HEADER))
+        .is_some_and(|role| role.as_str() == Role::Left.as_str())
+}
+
+async fn ack(message: &jetstream::Message) {
+    if let Err(error) = message.ack_with(AckKind::Ack).await {
+        // Redelivered then, and found already decided.
+        warn!(%error, "ack failed; the event will be redelivered and skipped");
+    }
+}
