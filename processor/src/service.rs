@@ -1,17 +1,22 @@
 //! `podstream process`: pod events from JetStream → the rules → commands on JetStream.
 //!
-//! - **Work sharing.** One durable pull consumer per scheduler (`--scheduler 1,7`), or one on
-//!   every owner. Instances naming the same scheduler share its consumer: more instances, more
-//!   throughput, no coordination of our own.
+//! - **Work sharing and order.** One durable pull consumer per scheduler (`--scheduler 1,7`),
+//!   or one on every owner. The consumer pins one instance at a time (JetStream priority
+//!   group, `pinned_client`); other instances naming the same scheduler stand by and take over
+//!   when the pinned one stops pulling (`failover`) or shuts down (it unpins). So a
+//!   scheduler's events are decided in stream order: per pod, and across the pods of one task
+//!   instance, which duplicate resolution needs (two pods of a TI decided by two instances at
+//!   once could fail the TI on the loser's failure before the winner is known). Inside one
+//!   instance, different task instances are decided concurrently. Schedulers scale out.
 //! - **State.** Nothing lives only in memory: each task instance has a KV record
-//!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race reloads
-//!   and decides again.
-//! - **Per-pod order across instances.** A consumer shared by several instances may hand a
-//!   pod's events to different instances. Before deciding an event at sequence `s`, the
-//!   instance asks the stream for the pod's messages after the last one its record has decided
-//!   (a wildcard lookup over every owner's subject of the pod) and decides any earlier one
-//!   first. So events are decided in stream order, whoever receives them; the instance that
-//!   receives an already decided event just acks it.
+//!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race (two
+//!   schedulers' consumers touching one TI, a takeover) reloads and decides again.
+//! - **Per-pod order across consumers.** After a relabel a pod's events sit on two owners'
+//!   subjects, pulled by two consumers. Before deciding an event at sequence `s`, the instance
+//!   asks the stream for the pod's messages after the last one its record has decided (a
+//!   wildcard lookup over every owner's subject of the pod) and decides any earlier one first;
+//!   the instance that later receives an already decided event just acks it. The same covers
+//!   the moment of a takeover, when the old instance may still hold unacked events.
 //! - **Exactly once in effect.** Commands carry deterministic `Nats-Msg-Id`s and are stored in
 //!   the record's outbox by the same write as the state; a pod event is acked only after its
 //!   commands are acked.
@@ -56,9 +61,14 @@ pub struct ProcessConfig {
     pub batch_size: usize,
     /// Task instances decided concurrently within a batch.
     pub concurrency: usize,
+    /// How long a silent instance keeps its consumer before a standby takes over.
+    pub failover: Duration,
     /// Settings of the streams and the bucket.
     pub streams: StreamSettings,
 }
+
+/// The priority group every processor pulls in; the server pins one instance per consumer.
+const PRIORITY_GROUP: &str = "podstream";
 
 impl Default for ProcessConfig {
     fn default() -> Self {
@@ -71,6 +81,7 @@ impl Default for ProcessConfig {
             rules: Rules::default(),
             batch_size: 256,
             concurrency: 64,
+            failover: Duration::from_secs(5),
             streams: StreamSettings::default(),
         }
     }
@@ -136,6 +147,10 @@ pub async fn run(
                     ack_policy: jetstream::consumer::AckPolicy::Explicit,
                     ack_wait: Duration::from_secs(30),
                     max_ack_pending: 10_000,
+                    // One instance at a time pulls a consumer; the others stand by.
+                    priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
+                    priority_groups: vec![PRIORITY_GROUP.to_owned()],
+                    priority_timeout: config.failover,
                     ..Default::default()
                 },
             )
@@ -147,7 +162,7 @@ pub async fn run(
 
     let worker = Worker {
         js,
-        pods,
+        pods: pods.clone(),
         records,
         subjects,
         rules: config.rules.clone(),
@@ -155,30 +170,25 @@ pub async fn run(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let loops = consumers.into_iter().map(|consumer| {
         let worker = &worker;
-        let mut stopped = stopped.clone();
+        let pods = &pods;
+        let config = &config;
+        let stopped = stopped.clone();
         async move {
             let mut stats = ProcessStats::default();
-            loop {
-                let batch = tokio::select! {
-                    _ = stopped.wait_for(|s| *s) => break,
-                    batch = consumer.fetch().max_messages(config.batch_size).expires(Duration::from_millis(100)).messages() => batch,
-                };
-                let mut messages = match batch {
-                    Ok(messages) => messages,
+            let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+            while !*stopped.borrow() {
+                match worker.consume(&consumer, config, stopped.clone(), &mut stats).await {
+                    Ok(()) => break,
                     Err(error) => {
-                        warn!(%error, "fetching pod events failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    }
-                };
-                let mut fetched = Vec::new();
-                while let Some(message) = messages.next().await {
-                    match message {
-                        Ok(message) => fetched.push(message),
-                        Err(error) => warn!(%error, "receiving a pod event failed"),
+                        warn!(%error, consumer = %consumer.cached_info().name, "pulling pod events failed; retrying");
+                        backoff.wait().await;
                     }
                 }
-                worker.batch(fetched, config.concurrency, &mut stats).await;
+            }
+            // Hand the pin to a standby instance now rather than after the priority timeout.
+            let name = consumer.cached_info().name.clone();
+            if let Err(error) = pods.unpin_consumer(&name, PRIORITY_GROUP).await {
+                debug!(%error, consumer = %name, "unpin on shutdown failed; the pin times out");
             }
             stats
         }
@@ -253,6 +263,50 @@ enum Retry {
 }
 
 impl Worker {
+    /// Pulls one consumer until `stopped`; returns an error when the pull stream fails.
+    async fn consume(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        config: &ProcessConfig,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+        stats: &mut ProcessStats,
+    ) -> anyhow::Result<()> {
+        let messages = consumer
+            .stream()
+            .group(PRIORITY_GROUP)
+            .max_messages_per_batch(config.batch_size)
+            // Well below the priority timeout, so a live instance keeps its pin.
+            .expires((config.failover / 4).max(Duration::from_millis(200)))
+            .messages()
+            .await
+            .context("starting the pull")?;
+        let mut chunks = messages.ready_chunks(config.batch_size.max(1));
+        loop {
+            let chunk = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => break,
+                chunk = chunks.next() => chunk,
+            };
+            let Some(chunk) = chunk else {
+                anyhow::bail!("the pull stream ended");
+            };
+            let mut fetched = Vec::with_capacity(chunk.len());
+            for message in chunk {
+                match message {
+                    Ok(message) => fetched.push(message),
+                    Err(error) => warn!(%error, "receiving a pod event failed"),
+                }
+            }
+            self.batch(fetched, config.concurrency, stats).await;
+        }
+        // What arrived but was not decided goes back at once, for the next pinned instance.
+        while let Some(Some(chunk)) = futures::FutureExt::now_or_never(chunks.next()) {
+            for message in chunk.into_iter().flatten() {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Decides one fetched batch: messages of one TI in order, different TIs concurrently.
     async fn batch(
         &self,

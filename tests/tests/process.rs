@@ -1,0 +1,385 @@
+//! `podstream process` on a real nats-server: pod events published as the ingest publishes
+//! them (its own core, `KnownPods`), commands read back from the commands stream.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use podstream_ingest::known::KnownPods;
+use podstream_processor::service::{self, ProcessConfig, ProcessStats};
+use podstream_proto::subject::Subjects;
+use podstream_proto::v1::{EventType, Phase, command::Kind};
+use podstream_proto::{Command, PodEvent, PodRef, TaskKey};
+use podstream_tests::bus::{self, Stored};
+use podstream_tests::nats::NatsServer;
+use prost::Message as _;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const PODS: &str = "PODSTREAM_PODS";
+const COMMANDS: &str = "PODSTREAM_COMMANDS";
+const DEAD: &str = "PODSTREAM_DEAD";
+
+struct Processor {
+    task: JoinHandle<anyhow::Result<ProcessStats>>,
+    stop: oneshot::Sender<()>,
+}
+
+fn start(nats: &str, schedulers: &[&str], batch_size: usize) -> Processor {
+    podstream_tests::init_tracing();
+    let config = ProcessConfig {
+        nats_url: nats.to_owned(),
+        schedulers: schedulers.iter().map(|s| (*s).to_owned()).collect(),
+        batch_size,
+        ..ProcessConfig::default()
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(service::run(config, async move {
+        let _ = stopped.await;
+    }));
+    Processor { task, stop }
+}
+
+impl Processor {
+    async fn stop(self) -> ProcessStats {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap()
+    }
+
+    /// As kill -9 would: whatever was in hand is neither finished nor acked.
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Publishes pod events the way the ingest does: through its core, so owner changes also
+/// send the `left` notice, with its message ids and headers.
+struct Feed {
+    js: jetstream::Context,
+    known: KnownPods,
+    subjects: Subjects,
+}
+
+impl Feed {
+    async fn new(url: &str) -> Feed {
+        let js = jetstream::new(async_nats::connect(url).await.unwrap());
+        let settings = podstream_bus::StreamSettings::default();
+        podstream_bus::streams::ensure(&js, podstream_bus::streams::pods_stream("podstream", &settings))
+            .await
+            .unwrap();
+        Feed {
+            js,
+            known: KnownPods::new(),
+            subjects: Subjects::default(),
+        }
+    }
+
+    async fn publish(&mut self, events: Vec<PodEvent>) {
+        let mut acks = Vec::new();
+        for event in events {
+            for out in self.known.observe(&self.subjects, event) {
+                acks.push(
+                    self.js
+                        .send_publish(out.subject.clone(), out.to_publish())
+                        .await
+                        .unwrap(),
+                );
+            }
+            if acks.len() >= 512 {
+                for ack in acks.drain(..) {
+                    ack.await.unwrap();
+                }
+            }
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+    }
+}
+
+fn event(name: &str, owner: &str, rv: u64, phase: Phase) -> PodEvent {
+    PodEvent {
+        r#type: EventType::Modified as i32,
+        pod: Some(PodRef {
+            namespace: "airflow".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }),
+        owner: owner.into(),
+        task: Some(TaskKey {
+            dag_id: "etl".into(),
+            task_id: name.into(),
+            run_id: "manual__2026-11-30".into(),
+            map_index: -1,
+            try_number: 1,
+            ..TaskKey::default()
+        }),
+        phase: phase as i32,
+        creation_unix_ms: 1_764_000_000_000,
+        resource_version: rv.to_string(),
+        ..PodEvent::default()
+    }
+}
+
+fn commands(stored: &[Stored]) -> Vec<(String, Command)> {
+    stored
+        .iter()
+        .map(|m| (m.subject.clone(), Command::decode(m.payload.as_ref()).unwrap()))
+        .collect()
+}
+
+fn kind(command: &Command) -> &'static str {
+    command.kind.as_ref().map_or("none", |k| k.name())
+}
+
+fn uid(command: &Command) -> &str {
+    command.pod.as_ref().map_or("", |p| p.uid.as_str())
+}
+
+async fn wait_for_commands(js: &jetstream::Context, n: u64) -> Vec<(String, Command)> {
+    bus::settle(js, COMMANDS, n, Duration::from_millis(500), Duration::from_secs(120)).await;
+    commands(&bus::read_all(js, COMMANDS).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relabel_is_one_transfer_to_the_new_owner_and_the_notice_is_not_decided() {
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    feed.publish(vec![
+        event("load", "1", 10, Phase::Running),
+        event("load", "2", 11, Phase::Running),
+        event("load", "2", 12, Phase::Succeeded),
+    ])
+    .await;
+    assert_eq!(bus::count(&feed.js, PODS).await, 4, "three events and one notice");
+
+    let processor = start(&nats.url(), &[], 256);
+    let got = wait_for_commands(&feed.js, 3).await;
+    let stats = processor.stop().await;
+    let seen: Vec<(&str, &str)> = got.iter().map(|(s, c)| (s.as_str(), kind(c))).collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("podstream.commands.1.uid-load", "running"),
+            ("podstream.commands.2.uid-load", "transfer"),
+            ("podstream.commands.2.uid-load", "completed"),
+        ]
+    );
+    match &got[1].1.kind {
+        Some(Kind::Transfer(t)) => assert_eq!((t.from.as_str(), t.to.as_str()), ("1", "2")),
+        other => panic!("expected a transfer, got {other:?}"),
+    }
+    assert_eq!(stats.decided, 3, "the notice is acked, not decided");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processors_bound_to_two_schedulers_each_see_only_their_pods() {
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    let mut events = Vec::new();
+    for i in 0..50 {
+        let owner = if i % 2 == 0 { "1" } else { "7" };
+        events.push(event(&format!("p{i}"), owner, 100 + i, Phase::Running));
+    }
+    feed.publish(events).await;
+
+    let one = start(&nats.url(), &["1"], 16);
+    let seven = start(&nats.url(), &["7"], 16);
+    let got = wait_for_commands(&feed.js, 50).await;
+    let (one, seven) = (one.stop().await, seven.stop().await);
+    assert_eq!((one.decided, seven.decided), (25, 25));
+    for (subject, command) in &got {
+        let number: u64 = uid(command).trim_start_matches("uid-p").parse().unwrap();
+        let owner = if number % 2 == 0 { "1" } else { "7" };
+        assert_eq!(subject, &format!("podstream.commands.{owner}.{}", uid(command)));
+    }
+    let stream = feed.js.get_stream(PODS).await.unwrap();
+    for (name, filter) in [
+        ("podstream-process-1", "podstream.pods.1.*"),
+        ("podstream-process-7", "podstream.pods.7.*"),
+    ] {
+        let mut consumer = stream
+            .get_consumer::<jetstream::consumer::pull::Config>(name)
+            .await
+            .unwrap();
+        let info = consumer.info().await.unwrap();
+        assert_eq!(info.config.filter_subject, filter);
+        assert_eq!(info.num_ack_pending, 0, "{name}: everything acked");
+    }
+}
+
+/// Three processors share one scheduler's consumer, small batches, 10,000 pods whose three
+/// events each sit close together in the stream: every pod still gets `running` then
+/// `completed`, each once, in that order. One processor is killed halfway and replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_processors_on_one_scheduler_keep_per_pod_order() {
+    const PODS_N: u64 = 10_000;
+    const GROUP: u64 = 8;
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    let mut events = Vec::new();
+    let mut rv = 1000;
+    for group in 0..PODS_N / GROUP {
+        for phase in [Phase::Pending, Phase::Running, Phase::Succeeded] {
+            for i in 0..GROUP {
+                rv += 1;
+                events.push(event(&format!("p{}", group * GROUP + i), "1", rv, phase));
+            }
+        }
+    }
+    feed.publish(events).await;
+
+    let mut processors = vec![
+        start(&nats.url(), &["1"], 16),
+        start(&nats.url(), &["1"], 16),
+        start(&nats.url(), &["1"], 16),
+    ];
+    bus::settle(&feed.js, COMMANDS, PODS_N / 2, Duration::ZERO, Duration::from_secs(300)).await;
+    processors.remove(0).kill().await;
+    processors.push(start(&nats.url(), &["1"], 16));
+    let got = wait_for_commands(&feed.js, 2 * PODS_N).await;
+    for processor in processors {
+        processor.stop().await;
+    }
+
+    let mut ids = HashSet::new();
+    let mut per_pod: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+    for (_, command) in &got {
+        assert!(ids.insert(command.id.clone()), "{} twice", command.id);
+        per_pod.entry(uid(command).to_owned()).or_default().push(kind(command));
+    }
+    assert_eq!(per_pod.len() as u64, PODS_N);
+    let out_of_order: Vec<_> = per_pod
+        .iter()
+        .filter(|(_, kinds)| kinds.as_slice() != ["running", "completed"])
+        .take(5)
+        .collect();
+    assert!(out_of_order.is_empty(), "pods decided out of order: {out_of_order:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_malformed_event_is_dead_lettered_and_the_rest_goes_on() {
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    feed.js
+        .publish("podstream.pods.1.uid-garbage", "not protobuf \u{1}\u{2}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut no_task = event("orphan", "1", 5, Phase::Running);
+    no_task.task = None;
+    feed.js
+        .publish("podstream.pods.1.uid-orphan", no_task.encode_to_vec().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    feed.publish(vec![event("fine", "1", 6, Phase::Running)]).await;
+
+    let processor = start(&nats.url(), &[], 256);
+    let got = wait_for_commands(&feed.js, 1).await;
+    let stats = processor.stop().await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(uid(&got[0].1), "uid-fine");
+    assert_eq!(stats.dead_lettered, 2);
+    let dead = bus::read_all(&feed.js, DEAD).await;
+    let reasons: HashMap<String, String> = dead
+        .iter()
+        .map(|d| {
+            (
+                d.header(podstream_bus::dead::SOURCE_HEADER).unwrap().to_owned(),
+                d.header(podstream_bus::dead::REASON_HEADER).unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(reasons["podstream.pods.1.uid-garbage"].starts_with("not a PodEvent"), "{reasons:?}");
+    assert!(reasons["podstream.pods.1.uid-orphan"].contains("no task instance"), "{reasons:?}");
+    assert_eq!(dead[0].payload.as_ref(), b"not protobuf \x01\x02", "original bytes kept");
+}
+
+/// Two pods for one TI decided by different instances: the duplicate record names the
+/// Running pod and the loser's failure fails nothing, whichever instance saw what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_across_instances_never_fail_the_task() {
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    let mut events = Vec::new();
+    for i in 0..200u64 {
+        let ti = format!("t{i}");
+        let mut older = event(&format!("{ti}-a"), "1", 10 * i + 1, Phase::Running);
+        let mut newer = event(&format!("{ti}-b"), "1", 10 * i + 2, Phase::Pending);
+        newer.creation_unix_ms += 1000;
+        let mut failed = newer.clone();
+        failed.phase = Phase::Failed as i32;
+        failed.resource_version = (10 * i + 3).to_string();
+        for e in [&mut older, &mut newer, &mut failed] {
+            e.task.as_mut().unwrap().task_id = ti.clone();
+        }
+        events.extend([older, newer, failed]);
+    }
+    feed.publish(events).await;
+    let processors = [start(&nats.url(), &[], 4), start(&nats.url(), &[], 4)];
+    let got = wait_for_commands(&feed.js, 400).await;
+    for processor in processors {
+        processor.stop().await;
+    }
+    let mut by_task: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
+    for (_, command) in &got {
+        by_task
+            .entry(command.task.as_ref().unwrap().task_id.clone())
+            .or_default()
+            .push((kind(command), uid(command).to_owned()));
+        if let Some(Kind::Duplicate(d)) = &command.kind {
+            let chosen = d.chosen.as_ref().unwrap();
+            assert!(chosen.uid.ends_with("-a"), "the Running pod drives: {command:?}");
+        }
+        assert_ne!(kind(command), "fail", "a losing pod failed its TI: {command:?}");
+    }
+    assert_eq!(by_task.len(), 200);
+}
+
+/// A relabel 1→2 puts a pod's events on two consumers. The processor bound to scheduler 2
+/// starts first, so it meets each pod's later events before scheduler 1's processor has
+/// decided the earlier ones: it must decide those first, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
+    const PODS_N: u64 = 2_000;
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    let mut events = Vec::new();
+    for i in 0..PODS_N {
+        let name = format!("m{i}");
+        events.push(event(&name, "1", 10 * i + 1, Phase::Running));
+        events.push(event(&name, "2", 10 * i + 2, Phase::Running));
+        events.push(event(&name, "2", 10 * i + 3, Phase::Succeeded));
+    }
+    feed.publish(events).await;
+
+    let two = start(&nats.url(), &["2"], 64);
+    bus::settle(&feed.js, COMMANDS, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    let one = start(&nats.url(), &["1"], 64);
+    let got = wait_for_commands(&feed.js, 3 * PODS_N).await;
+    let (one, two) = (one.stop().await, two.stop().await);
+    assert_eq!(one.decided + two.decided, 3 * PODS_N, "{one} / {two}");
+
+    let mut per_pod: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
+    for (subject, command) in &got {
+        per_pod
+            .entry(uid(command).to_owned())
+            .or_default()
+            .push((kind(command), subject.rsplit('.').nth(1).unwrap().to_owned()));
+    }
+    assert_eq!(per_pod.len() as u64, PODS_N);
+    let expected = vec![
+        ("running", "1".to_owned()),
+        ("transfer", "2".to_owned()),
+        ("completed", "2".to_owned()),
+    ];
+    for (pod, kinds) in &per_pod {
+        assert_eq!(kinds, &expected, "{pod}");
+    }
+}
