@@ -4,11 +4,13 @@
 //! - [`connect`]: connecting to NATS, retrying with backoff and saying so.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
+//! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 
 pub mod backoff;
 pub mod connect;
 pub mod dead;
+pub mod local_server;
 pub mod streams;
 
 pub use backoff::Backoff;

@@ -8,9 +8,10 @@ use podstream_sink::db::with_password;
 #[derive(Debug, Args)]
 pub struct DbArgs {
     /// Metadata DB URL: sqlite:///abs/path.db or postgres://user@host:port/db (add
-    /// ?sslmode=require, or verify-full&sslrootcert=FILE, for TLS).
+    /// ?sslmode=require, or verify-full&sslrootcert=FILE, for TLS). `run` defaults to Airflow's
+    /// own SQLite file, $AIRFLOW_HOME/airflow.db (AIRFLOW_HOME defaults to ~/airflow).
     #[arg(long = "db", env = "PODSTREAM_DB")]
-    pub db: String,
+    pub db: Option<String>,
     /// File holding the database password (kept out of the URL and the process list).
     #[arg(long, env = "PODSTREAM_DB_PASSWORD_FILE")]
     pub db_password_file: Option<std::path::PathBuf>,
@@ -19,6 +20,30 @@ pub struct DbArgs {
 impl DbArgs {
     /// The URL with the password from `PODSTREAM_DB_PASSWORD` or the password file.
     pub fn url(&self) -> anyhow::Result<String> {
+        let db = self
+            .db
+            .as_deref()
+            .context("--db (or PODSTREAM_DB) is required: sqlite:///abs/path.db or postgres://user@host:port/db")?;
+        self.with_password(db)
+    }
+
+    /// The URL, or Airflow's default SQLite DB when `--db` is not given.
+    pub fn url_or_airflow_default(&self) -> anyhow::Result<String> {
+        match &self.db {
+            Some(_) => self.url(),
+            None => {
+                let home = match std::env::var_os("AIRFLOW_HOME") {
+                    Some(home) => std::path::PathBuf::from(home),
+                    None => std::env::var_os("HOME")
+                        .map(|h| std::path::PathBuf::from(h).join("airflow"))
+                        .context("no --db, no AIRFLOW_HOME and no HOME to find airflow.db in")?,
+                };
+                Ok(format!("sqlite://{}", home.join("airflow.db").display()))
+            }
+        }
+    }
+
+    fn with_password(&self, db: &str) -> anyhow::Result<String> {
         let password = match &self.db_password_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)
@@ -28,6 +53,6 @@ impl DbArgs {
             ),
             None => std::env::var("PODSTREAM_DB_PASSWORD").ok(),
         };
-        Ok(with_password(&self.db, password.as_deref()))
+        Ok(with_password(db, password.as_deref()))
     }
 }

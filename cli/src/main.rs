@@ -5,7 +5,9 @@ mod db_args;
 mod decide;
 mod ingest;
 mod json_stream;
+mod pipeline;
 mod process;
+mod run;
 mod signal;
 mod sim;
 mod sink;
@@ -38,6 +40,8 @@ enum Command {
     Apply(apply::ApplyArgs),
     /// Apply commands from JetStream to an Airflow metadata DB.
     Sink(sink::SinkArgs),
+    /// Ingest, processor and sink in one process (a local nats-server without --nats).
+    Run(run::RunArgs),
     /// Print pod events and commands as they happen.
     Tail(tail::TailArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
+        Command::Run(args) => run::run(args),
         Command::Tail(args) => tail::run(args),
     };
     match result {

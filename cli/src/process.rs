@@ -42,6 +42,9 @@ pub struct ProcessArgs {
     /// Task instances decided concurrently.
     #[arg(long, env = "PODSTREAM_PROCESS_CONCURRENCY", default_value_t = 64)]
     pub concurrency: usize,
+    /// Seconds a silent instance keeps its consumer before a standby instance takes over.
+    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = 5)]
+    pub failover_seconds: u64,
     #[command(flatten)]
     pub rules: RulesArgs,
 }
@@ -63,6 +66,7 @@ impl ProcessArgs {
             rules: self.rules.rules(),
             batch_size: self.batch_size,
             concurrency: self.concurrency,
+            failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             streams: self.streams.settings(),
         }
     }

@@ -1,0 +1,174 @@
+//! A local `nats-server` with JetStream, for `podstream run` and `podstream demo` without
+//! `--nats`, and for the tests: a child process on a storage dir, stopped with SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+/// Why the local server did not come up.
+#[derive(Debug, Error)]
+pub enum LocalServerError {
+    /// The binary could not be started.
+    #[error(
+        "cannot start {binary}: {source} (install it with scripts/setup.sh, put nats-server on PATH, or pass --nats)"
+    )]
+    Spawn {
+        /// The binary tried.
+        binary: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It started but did not report ready.
+    #[error("nats-server did not become ready within {seconds} s; see {log}")]
+    NotReady {
+        /// How long we waited.
+        seconds: u64,
+        /// Its log file.
+        log: String,
+    },
+    /// The storage dir could not be made.
+    #[error("cannot create {dir}: {source}")]
+    Dir {
+        /// The dir.
+        dir: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The `nats-server` binary to run: `$PODSTREAM_NATS_SERVER`, else one installed by
+/// `scripts/setup.sh` in a `target/tools/bin` above the running executable, else the one on
+/// PATH.
+pub fn find_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PODSTREAM_NATS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().ok();
+    let installed = exe.iter().flat_map(|e| e.ancestors()).find_map(|dir| {
+        let candidate = dir.join("tools/bin/nats-server");
+        candidate.is_file().then_some(candidate)
+    });
+    installed.unwrap_or_else(|| PathBuf::from("nats-server"))
+}
+
+/// A running `nats-server`; killed when dropped, stopped gracefully by [`LocalServer::stop`].
+#[derive(Debug)]
+pub struct LocalServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    binary: PathBuf,
+}
+
+impl LocalServer {
+    /// Starts `binary` with JetStream on 127.0.0.1:`port`, storage and log under `dir`, and
+    /// waits until it is ready.
+    pub fn start(binary: &Path, dir: &Path, port: u16) -> Result<LocalServer, LocalServerError> {
+        let mut server = LocalServer {
+            child: None,
+            port,
+            dir: dir.to_owned(),
+            binary: binary.to_owned(),
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's log file.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("nats-server.log")
+    }
+
+    fn launch(&mut self) -> Result<(), LocalServerError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| LocalServerError::Dir {
+            dir: self.dir.display().to_string(),
+            source,
+        })?;
+        let log = self.log();
+        // A fresh log, so "ready" below is this run's.
+        let _ = std::fs::remove_file(&log);
+        let child = Command::new(&self.binary)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .arg(self.dir.join("jetstream"))
+            .arg("-l")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| LocalServerError::Spawn {
+                binary: self.binary.display().to_string(),
+                source,
+            })?;
+        self.child = Some(child);
+        let started = Instant::now();
+        let limit = Duration::from_secs(20);
+        loop {
+            if std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Server is ready")) {
+                return Ok(());
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || started.elapsed() > limit {
+                return Err(LocalServerError::NotReady {
+                    seconds: limit.as_secs(),
+                    log: log.display().to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server with SIGTERM (JetStream flushes its store), killing it after 10 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Starts it again on the same port and storage.
+    pub fn restart(&mut self) -> Result<(), LocalServerError> {
+        self.stop();
+        self.launch()
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A TCP port free on 127.0.0.1 right now.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -1,0 +1,121 @@
+//! `podstream run`: ingest, processor and sink in one process (contract.md §4), for small
+//! installs. Without `--nats` it starts a local `nats-server` on `--data-dir`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use podstream_bus::local_server::{LocalServer, find_binary};
+use podstream_ingest::service::{IngestConfig, kube_client};
+use podstream_processor::service::ProcessConfig;
+use podstream_sink::Database;
+use podstream_sink::service::SinkConfig;
+
+use crate::db_args::DbArgs;
+use crate::decide::RulesArgs;
+use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::stream_args::StreamArgs;
+
+/// Flags of `podstream run`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    podstream run                                   # local nats-server, $AIRFLOW_HOME/airflow.db, KUBECONFIG\n  \
+    podstream run --nats nats://nats:4222 --db postgres://airflow@db:5432/airflow --namespaces airflow")]
+pub struct RunArgs {
+    /// NATS server with JetStream; without it, a local nats-server is started on --data-dir.
+    #[arg(long, env = "PODSTREAM_NATS")]
+    pub nats: Option<String>,
+    /// Storage of the local nats-server (ignored with --nats).
+    #[arg(long, env = "PODSTREAM_DATA_DIR", default_value = "podstream-data")]
+    pub data_dir: PathBuf,
+    /// Port of the local nats-server (ignored with --nats).
+    #[arg(long, env = "PODSTREAM_NATS_PORT", default_value_t = 4222)]
+    pub nats_port: u16,
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Namespaces to watch, comma-separated; all namespaces when empty.
+    #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// kubeconfig context to use instead of the current one.
+    #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
+    pub kube_context: Option<String>,
+    #[command(flatten)]
+    pub streams: StreamArgs,
+    #[command(flatten)]
+    pub rules: RulesArgs,
+}
+
+impl RunArgs {
+    fn config(&self, nats_url: &str) -> PipelineConfig {
+        let prefix = self.streams.prefix.clone();
+        let streams = self.streams.settings();
+        PipelineConfig {
+            ingest: IngestConfig {
+                nats_url: nats_url.to_owned(),
+                prefix: prefix.clone(),
+                namespaces: self
+                    .namespaces
+                    .iter()
+                    .filter(|n| !n.is_empty())
+                    .cloned()
+                    .collect(),
+                kube_context: self.kube_context.clone(),
+                streams: streams.clone(),
+                ..IngestConfig::default()
+            },
+            process: ProcessConfig {
+                nats_url: nats_url.to_owned(),
+                prefix: prefix.clone(),
+                rules: self.rules.rules(),
+                streams: streams.clone(),
+                ..ProcessConfig::default()
+            },
+            sink: SinkConfig {
+                nats_url: nats_url.to_owned(),
+                prefix,
+                streams,
+                ..SinkConfig::default()
+            },
+        }
+    }
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let db_url = args.db.url_or_airflow_default()?;
+    let (mut local, nats_url) = match &args.nats {
+        Some(url) => (None, url.clone()),
+        None => {
+            let dir = args.data_dir.join("nats");
+            let server = LocalServer::start(&find_binary(), &dir, args.nats_port)
+                .context("starting the local nats-server")?;
+            eprintln!(
+                "podstream: local nats-server at {} (storage {})",
+                server.url(),
+                dir.display()
+            );
+            let url = server.url();
+            (Some(server), url)
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    let result = runtime.block_on(async {
+        let kube = kube_client(args.kube_context.as_deref()).await?;
+        let db = Database::connect(&db_url).await?;
+        eprintln!(
+            "podstream: running ingest, processor and sink (db {})",
+            podstream_sink::db::redacted(&db_url)
+        );
+        let summaries = Pipeline::start(args.config(&nats_url), kube, db)
+            .run_until(crate::signal::shutdown_signal())
+            .await?;
+        for summary in summaries {
+            eprintln!("podstream: {summary}");
+        }
+        Ok(())
+    });
+    if let Some(server) = local.as_mut() {
+        server.stop();
+    }
+    result
+}
