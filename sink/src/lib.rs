@@ -4,6 +4,7 @@
 //! - [`db`]: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1, our tables.
 //! - [`apply`]: one transaction per batch, a savepoint per command, the command id recorded
 //!   with its effect.
+//! - [`seed`]: DAG runs and TIs written directly, and TIs read back (demo and tests only).
 //! - [`summary`]: counts of what happened, in the one line `podstream apply` prints.
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
 
@@ -11,6 +12,7 @@ pub mod apply;
 mod batch;
 pub mod db;
 pub mod guard;
+pub mod seed;
 pub mod service;
 pub mod summary;
 

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use podstream_sink::db::{AirflowVersion, Backend};
+
 use crate::postgres::PgCluster;
 use crate::workspace_root;
 
@@ -91,34 +93,17 @@ impl AirflowDb {
     }
 
     /// SQL inserting a DAG run and task instances, in this database's dialect and schema.
-    pub fn seed_sql(&self, dag_id: &str, run_id: &str, tis: &[SeedTi]) -> Vec<String> {
-        let ts = if self.is_postgres() {
-            "'2026-11-30 10:00:00+00'"
-        } else {
-            "'2026-11-30 10:00:00.000000'"
+    pub fn seed_sql(&self, dag_id: &str, run_id: &str, tis: &[SeedTi<'_>]) -> Vec<String> {
+        let airflow = match self.airflow {
+            Airflow::V2_10 => AirflowVersion::V2_10,
+            Airflow::V3_1 => AirflowVersion::V3_1,
         };
-        let mut statements = vec![match self.airflow {
-            Airflow::V2_10 => format!(
-                "INSERT INTO dag_run (dag_id, execution_date, run_id, run_type, state, clear_number) VALUES ('{dag_id}', {ts}, '{run_id}', 'manual', 'running', 0)"
-            ),
-            Airflow::V3_1 => format!(
-                "INSERT INTO dag_run (dag_id, logical_date, run_after, run_id, run_type, state, clear_number, span_status) VALUES ('{dag_id}', {ts}, {ts}, '{run_id}', 'manual', 'running', 0, 'not_started')"
-            ),
-        }];
-        for (n, ti) in tis.iter().enumerate() {
-            let state = ti.state.map_or("NULL".to_owned(), |s| format!("'{s}'"));
-            statements.push(match self.airflow {
-                Airflow::V2_10 => format!(
-                    "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id) VALUES ('{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1)",
-                    ti.task_id, ti.map_index, ti.try_number, ti.max_tries
-                ),
-                Airflow::V3_1 => format!(
-                    "INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id, span_status) VALUES ('0196b3a0-0000-7000-8000-{n:012}', '{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1, 'not_started')",
-                    ti.task_id, ti.map_index, ti.try_number, ti.max_tries
-                ),
-            });
-        }
-        statements
+        let backend = if self.is_postgres() {
+            Backend::Postgres
+        } else {
+            Backend::Sqlite
+        };
+        podstream_sink::seed::statements(airflow, backend, dag_id, run_id, tis)
     }
 
     /// Task instance states as Airflow's own ORM reads them: (task_id, map_index) → state.
@@ -161,17 +146,4 @@ impl AirflowDb {
     }
 }
 
-/// A task instance to seed.
-#[derive(Debug, Clone)]
-pub struct SeedTi {
-    /// task_id.
-    pub task_id: &'static str,
-    /// map_index (-1 unmapped).
-    pub map_index: i64,
-    /// state (None = NULL).
-    pub state: Option<&'static str>,
-    /// try_number.
-    pub try_number: i64,
-    /// max_tries.
-    pub max_tries: i64,
-}
+pub use podstream_sink::seed::SeedTi;

@@ -29,7 +29,7 @@ fn cluster() -> &'static PgCluster {
     CLUSTER.get_or_init(PgCluster::start)
 }
 
-fn seed() -> Vec<SeedTi> {
+fn seed() -> Vec<SeedTi<'static>> {
     let ti = |task_id, map_index, state, try_number, max_tries| SeedTi {
         task_id,
         map_index,
