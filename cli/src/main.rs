@@ -3,6 +3,7 @@
 mod apply;
 mod db_args;
 mod decide;
+mod demo;
 mod ingest;
 mod json_stream;
 mod pipeline;
@@ -40,6 +41,8 @@ enum Command {
     Apply(apply::ApplyArgs),
     /// Apply commands from JetStream to an Airflow metadata DB.
     Sink(sink::SinkArgs),
+    /// Play the seed stories end to end on embedded parts and report (exit 0 if all end right).
+    Demo(demo::DemoArgs),
     /// Ingest, processor and sink in one process (a local nats-server without --nats).
     Run(run::RunArgs),
     /// Print pod events and commands as they happen.
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Run(args) => run::run(args),
         Command::Tail(args) => tail::run(args),
     };

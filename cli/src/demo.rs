@@ -1,0 +1,403 @@
+//! `podstream demo`: the newcomer's first run. Everything embedded: the Kubernetes simulator,
+//! a local `nats-server`, a copy of an Airflow 2.10 SQLite DB made by `airflow db migrate`, and
+//! the pipeline in process. It plays the three seed stories plus a real failure and a success,
+//! then reports, per task, its pods, podstream's commands and the TI row, next to what a
+//! label-scoped Airflow watcher would have done. Exit 0 only if every story ended as
+//! semantics.md says.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream;
+use clap::Args;
+use futures::StreamExt;
+use podstream_bus::local_server::{LocalServer, find_binary, free_port};
+use podstream_ingest::service::IngestConfig;
+use podstream_processor::service::ProcessConfig;
+use podstream_proto::{Command, TaskKey};
+use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
+use podstream_sink::Database;
+use podstream_sink::seed::{SeedTi, TiRow};
+use podstream_sink::service::SinkConfig;
+use prost::Message as _;
+
+use crate::pipeline::{Pipeline, PipelineConfig};
+
+const DAG: &str = "podstream_demo";
+const RUN: &str = "manual__2026-11-30";
+const NS: &str = "airflow";
+
+/// Flags of `podstream demo`.
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  scripts/setup.sh && cargo run --release -- demo")]
+pub struct DemoArgs {
+    /// An Airflow 2.10 SQLite metadata DB made by `airflow db migrate` to copy (never
+    /// modified); by default the one scripts/setup.sh caches in target/airflow-db.
+    #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_DB")]
+    pub airflow_db: Option<PathBuf>,
+    /// Seconds to wait for every story to settle.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_seconds: u64,
+}
+
+/// One story: a task instance, what happens to its pods, and how it must end.
+struct Story {
+    title: &'static str,
+    task_id: &'static str,
+    max_tries: i64,
+    /// What happens to the pods, in words.
+    pods: &'static str,
+    /// What a watcher scoped by `airflow-worker=<its id>` does (the seeds' behaviour).
+    label_watcher: &'static str,
+    /// The TI state and `queued_by_job_id` semantics.md asks for.
+    expected: (&'static str, i64),
+    /// The kinds of the commands podstream must decide, in order.
+    decisions: &'static [&'static str],
+}
+
+const STORIES: &[Story] = &[
+    Story {
+        title: "relabel during adoption (seed: abrupt pod deletes)",
+        task_id: "adopted",
+        max_tries: 1,
+        pods: "pod Running under scheduler 1; scheduler 2 adopts it: label airflow-worker 1→2",
+        label_watcher: "scheduler 1's watch sees DELETED as the pod leaves its selector and fails a live task",
+        expected: ("running", 2),
+        decisions: &["running", "transfer"],
+    },
+    Story {
+        title: "scheduler restart with running pods (seed: reset as orphaned)",
+        task_id: "survivor",
+        max_tries: 1,
+        pods: "pod Running under scheduler 1; it restarts as job 3 and adopts: label 1→3; the pod succeeds",
+        label_watcher: "the restarted scheduler never saw the pod under its own label and resets the running TI as orphaned",
+        expected: ("running", 3),
+        decisions: &["running", "transfer", "completed"],
+    },
+    Story {
+        title: "two driver pods for one task (seed: reattachment fails)",
+        task_id: "twins",
+        max_tries: 1,
+        pods: "older pod Running; a newer pod for the same TI starts, then fails",
+        label_watcher: "the newer pod's failure fails the TI, or reattaching raises on two matching pods",
+        expected: ("running", 1),
+        decisions: &["running", "duplicate"],
+    },
+    Story {
+        title: "a real failure: running pod deleted",
+        task_id: "broken",
+        max_tries: 1,
+        pods: "pod Running; deleted with a grace period (deletionTimestamp, then DELETED)",
+        label_watcher: "fails the try too: here both agree",
+        expected: ("up_for_retry", 1),
+        decisions: &["running", "fail"],
+    },
+    Story {
+        title: "a success",
+        task_id: "fine",
+        max_tries: 1,
+        pods: "pod Running, then Succeeded",
+        label_watcher: "nothing to do: the task runner records success itself",
+        expected: ("running", 1),
+        decisions: &["running", "completed"],
+    },
+];
+
+/// Runs the demo; exits non-zero when a story ended wrong.
+pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    let template = match &args.airflow_db {
+        Some(path) => path.clone(),
+        None => default_airflow_db().context(
+            "no Airflow 2.10 SQLite DB to copy: run scripts/setup.sh (it migrates one with Airflow itself into target/airflow-db) or pass --airflow-db",
+        )?,
+    };
+    let dir = tempfile::tempdir().context("making a temp dir")?;
+    let db_path = dir.path().join("airflow.db");
+    std::fs::copy(&template, &db_path)
+        .with_context(|| format!("copying {}", template.display()))?;
+    let mut nats = LocalServer::start(&find_binary(), &dir.path().join("nats"), free_port()?)
+        .context("starting a local nats-server")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    let result = runtime.block_on(play(args, &db_path, &nats.url()));
+    nats.stop();
+    let passed = result?;
+    if !passed {
+        anyhow::bail!("some stories did not end as semantics.md says (see above)");
+    }
+    Ok(())
+}
+
+/// The DB `scripts/setup.sh` caches, found above the running executable (`target/`).
+fn default_airflow_db() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().find_map(|dir| {
+        let candidate = dir.join("airflow-db/airflow-2.10.sqlite");
+        candidate.is_file().then_some(candidate)
+    })
+}
+
+async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result<bool> {
+    let db_url = format!("sqlite://{}", db_path.display());
+    let db = Database::connect(&db_url).await?;
+    let tis: Vec<SeedTi<'_>> = STORIES
+        .iter()
+        .map(|s| SeedTi {
+            task_id: s.task_id,
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: s.max_tries,
+        })
+        .collect();
+    db.seed(DAG, RUN, &tis).await?;
+
+    let listen: SocketAddr = "127.0.0.1:0".parse().context("listen address")?;
+    let sim = Server::start(
+        listen,
+        SimConfig {
+            namespaces: vec![NS.into()],
+            ..SimConfig::default()
+        },
+    )
+    .await?;
+    let kube = kube_client(&sim).await?;
+    let pipeline = Pipeline::start(config(nats_url), kube, db.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(pipeline.run_until(async move {
+        let _ = stopped.await;
+    }));
+
+    eprintln!(
+        "podstream demo: simulator at {}, nats-server at {nats_url}, Airflow DB {}",
+        sim.url(),
+        db_path.display()
+    );
+    scenario(sim.cluster()).await?;
+
+    // Settled: every story ended right and nothing is left to decide or apply (checked
+    // twice, so a late wrong command cannot slip past), or the time is up.
+    let js = jetstream::new(async_nats::connect(nats_url).await?);
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    let mut idle_polls = 0;
+    let (rows, commands) = loop {
+        let rows = read_rows(&db).await?;
+        let commands = read_commands(&js).await?;
+        let done = STORIES.iter().all(|s| ends_right(s, rows.get(s.task_id), &commands));
+        idle_polls = if done && idle(&js).await { idle_polls + 1 } else { 0 };
+        if idle_polls >= 2 || Instant::now() > deadline {
+            break (rows, commands);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let _ = stop.send(());
+    running.await.context("the pipeline panicked")??;
+    sim.shutdown().await;
+    Ok(report(&rows, &commands))
+}
+
+fn config(nats_url: &str) -> PipelineConfig {
+    PipelineConfig {
+        ingest: IngestConfig {
+            nats_url: nats_url.to_owned(),
+            namespaces: vec![NS.into()],
+            ..IngestConfig::default()
+        },
+        process: ProcessConfig {
+            nats_url: nats_url.to_owned(),
+            ..ProcessConfig::default()
+        },
+        sink: SinkConfig {
+            nats_url: nats_url.to_owned(),
+            ..SinkConfig::default()
+        },
+    }
+}
+
+async fn kube_client(sim: &Server) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&sim.kubeconfig())?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Plays the stories on the simulator, as Kubernetes and the schedulers would.
+async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
+    let pause = || tokio::time::sleep(Duration::from_millis(300));
+    let create = |name: &str, owner: &str, task_id: &str| -> anyhow::Result<()> {
+        cluster.create_pod(WorkerPod::new(name, owner, DAG, task_id, RUN).to_json())?;
+        Ok(())
+    };
+    for (pod, task) in [
+        ("adopted-1", "adopted"),
+        ("survivor-1", "survivor"),
+        ("twins-1", "twins"),
+        ("broken-1", "broken"),
+        ("fine-1", "fine"),
+    ] {
+        create(pod, "1", task)?;
+        cluster.set_phase(NS, pod, "Running")?;
+    }
+    pause().await;
+    // 1. Scheduler 2 adopts scheduler 1's pod while it runs.
+    cluster.relabel(NS, "adopted-1", "airflow-worker", Some("2"))?;
+    // 2. Scheduler 1 restarts as job 3 and adopts its own pods; the task then finishes.
+    cluster.relabel(NS, "survivor-1", "airflow-worker", Some("3"))?;
+    pause().await;
+    cluster.set_phase(NS, "survivor-1", "Succeeded")?;
+    // 3. A second pod for the running TI starts, then fails.
+    create("twins-2", "1", "twins")?;
+    pause().await;
+    cluster.set_phase(NS, "twins-2", "Failed")?;
+    // 4. The running pod is deleted (node drain, eviction, a human).
+    cluster.delete_pod(NS, "broken-1", Some(1))?;
+    // 5. The task succeeds.
+    cluster.set_phase(NS, "fine-1", "Succeeded")?;
+    Ok(())
+}
+
+fn ends_right(story: &Story, row: Option<&TiRow>, commands: &[Command]) -> bool {
+    let row_right = row.is_some_and(|row| {
+        row.state == story.expected.0 && row.queued_by_job_id == Some(story.expected.1)
+    });
+    row_right && decided(story, commands).eq(story.decisions.iter().copied())
+}
+
+/// The kinds of the commands decided for the story's task, in order.
+fn decided<'a>(story: &'a Story, commands: &'a [Command]) -> impl Iterator<Item = &'static str> + 'a {
+    story_commands(story, commands).map(|c| c.kind.as_ref().map_or("none", |k| k.name()))
+}
+
+fn story_commands<'a>(story: &'a Story, commands: &'a [Command]) -> impl Iterator<Item = &'a Command> + 'a {
+    commands
+        .iter()
+        .filter(|c| c.task.as_ref().is_some_and(|t| t.task_id == story.task_id))
+}
+
+/// Whether the processor and the sink have nothing pending.
+async fn idle(js: &jetstream::Context) -> bool {
+    for (stream, consumer) in [
+        ("PODSTREAM_PODS", "podstream-process"),
+        ("PODSTREAM_COMMANDS", "podstream-sink"),
+    ] {
+        let Ok(stream) = js.get_stream(stream).await else {
+            return false;
+        };
+        let Ok(mut consumer) = stream
+            .get_consumer::<jetstream::consumer::pull::Config>(consumer)
+            .await
+        else {
+            return false;
+        };
+        match consumer.info().await {
+            Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+async fn read_rows(db: &Database) -> anyhow::Result<BTreeMap<&'static str, TiRow>> {
+    let mut rows = BTreeMap::new();
+    for story in STORIES {
+        let key = TaskKey {
+            dag_id: DAG.into(),
+            task_id: story.task_id.into(),
+            run_id: RUN.into(),
+            map_index: -1,
+            try_number: 1,
+            ..TaskKey::default()
+        };
+        if let Some(row) = db.task_instance(&key).await? {
+            rows.insert(story.task_id, row);
+        }
+    }
+    Ok(rows)
+}
+
+/// Every command the processor published, in order.
+async fn read_commands(js: &jetstream::Context) -> anyhow::Result<Vec<Command>> {
+    let Ok(mut stream) = js.get_stream("PODSTREAM_COMMANDS").await else {
+        return Ok(Vec::new());
+    };
+    let total = stream.info().await?.state.messages;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut commands = Vec::new();
+    while (commands.len() as u64) < total {
+        let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_secs(5), messages.next()).await
+        else {
+            break;
+        };
+        commands.push(Command::decode(message?.payload.as_ref())?);
+    }
+    Ok(commands)
+}
+
+fn describe(command: &Command) -> String {
+    use podstream_proto::v1::command::Kind;
+    let pod = command.pod.as_ref().map_or("?", |p| p.name.as_str());
+    match &command.kind {
+        Some(Kind::Transfer(t)) => format!("transfer {}→{} ({pod})", t.from, t.to),
+        Some(Kind::Fail(f)) => format!("fail: {} ({pod})", f.reason),
+        Some(Kind::Lost(l)) => format!("lost: {} ({pod})", l.reason),
+        Some(Kind::Duplicate(d)) => format!(
+            "duplicate: {} drives, others {}",
+            d.chosen.as_ref().map_or("?", |p| p.name.as_str()),
+            d.others
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Some(kind) => format!("{} ({pod}, owner {})", kind.name(), command.owner),
+        None => "?".into(),
+    }
+}
+
+/// Prints the report; true when every story ended right.
+fn report(rows: &BTreeMap<&'static str, TiRow>, commands: &[Command]) -> bool {
+    let mut all = true;
+    println!("podstream demo: {} stories, DAG {DAG}, run {RUN}\n", STORIES.len());
+    for (n, story) in STORIES.iter().enumerate() {
+        let decided: Vec<String> = story_commands(story, commands).map(describe).collect();
+        let row = rows.get(story.task_id);
+        let right = ends_right(story, row, commands);
+        all &= right;
+        let now = row.map_or("missing".to_owned(), |r| {
+            format!(
+                "{}, queued_by_job_id {}",
+                r.state,
+                r.queued_by_job_id.map_or("NULL".into(), |j| j.to_string())
+            )
+        });
+        println!("{}. {} [{}.{}]", n + 1, story.title, DAG, story.task_id);
+        println!("   pods:          {}", story.pods);
+        println!("   podstream:     {}", decided.join("; "));
+        println!(
+            "   TI now:        {now}  {} (expected {}, queued_by_job_id {}; decisions {})",
+            if right { "OK" } else { "WRONG" },
+            story.expected.0,
+            story.expected.1,
+            story.decisions.join(", ")
+        );
+        println!("   label watcher: {}\n", story.label_watcher);
+    }
+    println!(
+        "{}",
+        if all {
+            "every story ended as semantics.md says"
+        } else {
+            "SOME STORIES ENDED WRONG"
+        }
+    );
+    all
+}
