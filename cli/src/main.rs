@@ -6,8 +6,10 @@ mod decide;
 mod demo;
 mod ingest;
 mod json_stream;
+mod lines;
 mod pipeline;
 mod process;
+mod replay;
 mod run;
 mod signal;
 mod sim;
@@ -43,6 +45,8 @@ enum Command {
     Sink(sink::SinkArgs),
     /// Play the seed stories end to end on embedded parts and report (exit 0 if all end right).
     Demo(demo::DemoArgs),
+    /// Print the history of pod events and commands; --decide compares with today's rules.
+    Replay(replay::ReplayArgs),
     /// Ingest, processor and sink in one process (a local nats-server without --nats).
     Run(run::RunArgs),
     /// Print pod events and commands as they happen.
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Replay(args) => replay::run(args),
         Command::Run(args) => run::run(args),
         Command::Tail(args) => tail::run(args),
     };

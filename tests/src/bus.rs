@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
+use podstream_ingest::known::KnownPods;
 use podstream_proto::PodEvent;
+use podstream_proto::subject::Subjects;
 use prost::Message as _;
 
 /// One stored message, decoded as far as the tests care.
@@ -131,4 +133,58 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
         });
     }
     out
+}
+
+/// Publishes pod events the way the ingest does: through its core, so owner changes also
+/// send the `left` notice, with its message ids and headers.
+pub struct PodFeed {
+    /// The JetStream context it publishes with.
+    pub js: jetstream::Context,
+    known: KnownPods,
+    subjects: Subjects,
+}
+
+impl PodFeed {
+    /// Connects to `url` and makes sure of the pod-events stream.
+    ///
+    /// # Panics
+    /// When NATS is unreachable.
+    pub async fn new(url: &str) -> PodFeed {
+        let js = jetstream::new(async_nats::connect(url).await.unwrap());
+        let settings = podstream_bus::StreamSettings::default();
+        podstream_bus::streams::ensure(&js, podstream_bus::streams::pods_stream("podstream", &settings))
+            .await
+            .unwrap();
+        PodFeed {
+            js,
+            known: KnownPods::new(),
+            subjects: Subjects::default(),
+        }
+    }
+
+    /// Publishes `events` in order and waits for every ack.
+    ///
+    /// # Panics
+    /// When JetStream refuses.
+    pub async fn publish(&mut self, events: Vec<PodEvent>) {
+        let mut acks = Vec::new();
+        for event in events {
+            for out in self.known.observe(&self.subjects, event) {
+                acks.push(
+                    self.js
+                        .send_publish(out.subject.clone(), out.to_publish())
+                        .await
+                        .unwrap(),
+                );
+            }
+            if acks.len() >= 512 {
+                for ack in acks.drain(..) {
+                    ack.await.unwrap();
+                }
+            }
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+    }
 }

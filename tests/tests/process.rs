@@ -7,12 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use podstream_ingest::known::KnownPods;
 use podstream_processor::service::{self, ProcessConfig, ProcessStats};
-use podstream_proto::subject::Subjects;
 use podstream_proto::v1::{EventType, Phase, command::Kind};
 use podstream_proto::{Command, PodEvent, PodRef, TaskKey};
-use podstream_tests::bus::{self, Stored};
+use podstream_tests::bus::{self, PodFeed as Feed, Stored};
 use podstream_tests::nats::NatsServer;
 use prost::Message as _;
 use tokio::sync::oneshot;
@@ -52,51 +50,6 @@ impl Processor {
     async fn kill(self) {
         self.task.abort();
         let _ = self.task.await;
-    }
-}
-
-/// Publishes pod events the way the ingest does: through its core, so owner changes also
-/// send the `left` notice, with its message ids and headers.
-struct Feed {
-    js: jetstream::Context,
-    known: KnownPods,
-    subjects: Subjects,
-}
-
-impl Feed {
-    async fn new(url: &str) -> Feed {
-        let js = jetstream::new(async_nats::connect(url).await.unwrap());
-        let settings = podstream_bus::StreamSettings::default();
-        podstream_bus::streams::ensure(&js, podstream_bus::streams::pods_stream("podstream", &settings))
-            .await
-            .unwrap();
-        Feed {
-            js,
-            known: KnownPods::new(),
-            subjects: Subjects::default(),
-        }
-    }
-
-    async fn publish(&mut self, events: Vec<PodEvent>) {
-        let mut acks = Vec::new();
-        for event in events {
-            for out in self.known.observe(&self.subjects, event) {
-                acks.push(
-                    self.js
-                        .send_publish(out.subject.clone(), out.to_publish())
-                        .await
-                        .unwrap(),
-                );
-            }
-            if acks.len() >= 512 {
-                for ack in acks.drain(..) {
-                    ack.await.unwrap();
-                }
-            }
-        }
-        for ack in acks {
-            ack.await.unwrap();
-        }
     }
 }
 

@@ -1,0 +1,119 @@
+//! How a pod event or a command is printed, as text for people or JSON for `jq`: shared by
+//! `tail` and `replay`.
+
+use podstream_proto::line::CommandLine;
+use podstream_proto::subject::Subjects;
+use podstream_proto::v1::EventType;
+use podstream_proto::{Command, PodEvent};
+use prost::Message as _;
+use serde_json::json;
+
+/// A pod-event or command message as a line of text or JSON; `role` is its
+/// `Podstream-Role` header (`event` when absent).
+pub fn describe(
+    subjects: &Subjects,
+    subject: &str,
+    role: Option<&str>,
+    payload: &[u8],
+    as_json: bool,
+) -> String {
+    let subject_owner = subjects
+        .parse(subject)
+        .map(|(owner, _)| owner)
+        .unwrap_or_default();
+    let role = role.unwrap_or("event");
+    if subject.starts_with(&format!("{}.pods.", subjects.prefix())) {
+        match PodEvent::decode(payload) {
+            Ok(event) => pod_line(&event, subject, &subject_owner, role, as_json),
+            Err(error) => undecodable(subject, &error.to_string(), as_json),
+        }
+    } else {
+        match Command::decode(payload) {
+            Ok(command) => command_line(&command, subject, as_json),
+            Err(error) => undecodable(subject, &error.to_string(), as_json),
+        }
+    }
+}
+
+fn pod_line(
+    event: &PodEvent,
+    subject: &str,
+    subject_owner: &str,
+    role: &str,
+    as_json: bool,
+) -> String {
+    let pod = event.pod.clone().unwrap_or_default();
+    let kind = match event.r#type() {
+        EventType::Added => "ADDED",
+        EventType::Modified => "MODIFIED",
+        EventType::Deleted => "DELETED",
+        EventType::Unspecified => "?",
+    };
+    let phase = event
+        .phase()
+        .as_str_name()
+        .trim_start_matches("PHASE_")
+        .to_owned();
+    let ti = event
+        .task
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    if as_json {
+        return json!({
+            "stream": "pods", "subject": subject, "role": role, "type": kind, "owner": event.owner,
+            "subject_owner": subject_owner, "pod": pod, "ti": event.task, "phase": phase,
+            "resource_version": event.resource_version, "deleting": event.deletion_unix_ms.is_some(),
+            "synthesized": event.synthesized,
+        })
+        .to_string();
+    }
+    let notice = if role == "left" {
+        format!(" (left scheduler {subject_owner})")
+    } else {
+        String::new()
+    };
+    let synthesized = if event.synthesized {
+        " synthesized"
+    } else {
+        ""
+    };
+    format!(
+        "pod  {kind:<8}{synthesized} {}/{} rv={} owner={} phase={phase} ti={ti}{notice}",
+        pod.namespace, pod.name, event.resource_version, event.owner
+    )
+}
+
+/// A command as a line of text or JSON (the JSON is `decide`'s line plus stream and subject).
+pub fn command_line(command: &Command, subject: &str, as_json: bool) -> String {
+    let line = CommandLine::from(command);
+    if as_json {
+        let mut value = serde_json::to_value(&line).unwrap_or_default();
+        value["stream"] = json!("commands");
+        value["subject"] = json!(subject);
+        return value.to_string();
+    }
+    let pod = command.pod.clone().unwrap_or_default();
+    let ti = command
+        .task
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let reason = line
+        .reason
+        .map(|r| format!(" reason={r}"))
+        .unwrap_or_default();
+    let to = line.to.map(|t| format!(" to={t}")).unwrap_or_default();
+    format!(
+        "cmd  {:<8} {}/{} owner={} ti={ti}{reason}{to}",
+        line.kind, pod.namespace, pod.name, command.owner
+    )
+}
+
+fn undecodable(subject: &str, error: &str, as_json: bool) -> String {
+    if as_json {
+        json!({ "subject": subject, "error": error }).to_string()
+    } else {
+        format!("?    {subject}: not decodable: {error}")
+    }
+}

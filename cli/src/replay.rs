@@ -1,0 +1,381 @@
+//! `podstream replay`: the history of pod events and commands from JetStream, as one timeline,
+//! optionally narrowed to a task or a pod; `--decide` runs today's rules over the replayed pod
+//! events and shows where they differ from what was decided then.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use clap::Args;
+use futures::StreamExt;
+use podstream_bus::streams::stream_name;
+use podstream_processor::{MemoryStore, Processor};
+use podstream_proto::subject::{ROLE_HEADER, Role, Subjects};
+use podstream_proto::{Command, PodEvent, TaskKey};
+use prost::Message as _;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::decide::RulesArgs;
+use crate::lines;
+
+/// Flags of `podstream replay`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    podstream replay --since 2026-11-30T10:00:00Z --task etl/load/scheduled__2026-11-30T09:00:00+00:00\n  \
+    podstream replay --since 1 --pod etl-load-x7k2 --json\n  \
+    podstream replay --since 1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?")]
+pub struct ReplayArgs {
+    /// NATS server with JetStream.
+    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// Subject prefix.
+    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
+    prefix: String,
+    /// Where to start: an RFC 3339 time (both streams) or a sequence of the pod-events stream
+    /// (commands from that event's time on).
+    #[arg(long)]
+    since: Position,
+    /// Where to stop (inclusive), same forms; the streams' ends at start when absent.
+    #[arg(long)]
+    until: Option<Position>,
+    /// Only this task: DAG/TASK/RUN or DAG/TASK/RUN/TRY (map index as TASK[N]).
+    #[arg(long)]
+    task: Option<TaskFilter>,
+    /// Only this pod (its name).
+    #[arg(long)]
+    pod: Option<String>,
+    /// Re-decide the replayed pod events with today's rules and print the differences.
+    #[arg(long)]
+    decide: bool,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    rules: RulesArgs,
+}
+
+/// A point in the history.
+#[derive(Debug, Clone, Copy)]
+enum Position {
+    Time(OffsetDateTime),
+    Sequence(u64),
+}
+
+impl std::str::FromStr for Position {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Ok(sequence) = text.parse::<u64>() {
+            return Ok(Position::Sequence(sequence));
+        }
+        OffsetDateTime::parse(text, &Rfc3339)
+            .map(Position::Time)
+            .map_err(|e| format!("{text:?} is neither a sequence nor an RFC 3339 time: {e}"))
+    }
+}
+
+/// `--task DAG/TASK/RUN[/TRY]`, where TASK may end in `[map index]`.
+#[derive(Debug, Clone)]
+struct TaskFilter {
+    dag_id: String,
+    task_id: String,
+    map_index: Option<i64>,
+    run_id: String,
+    try_number: Option<i64>,
+}
+
+impl std::str::FromStr for TaskFilter {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = text.splitn(3, '/').collect();
+        let [dag_id, task, rest] = parts.as_slice() else {
+            return Err(format!("{text:?}: expected DAG/TASK/RUN or DAG/TASK/RUN/TRY"));
+        };
+        // A run id may itself hold '/', so a try is only a trailing all-digit segment.
+        let (run_id, try_number) = match rest.rsplit_once('/') {
+            Some((run, tail)) if tail.parse::<i64>().is_ok() => (run, tail.parse().ok()),
+            _ => (*rest, None),
+        };
+        let (task_id, map_index) = match task.strip_suffix(']').and_then(|t| t.split_once('[')) {
+            Some((task_id, index)) => (
+                task_id,
+                Some(index.parse().map_err(|_| format!("bad map index in {task:?}"))?),
+            ),
+            None => (*task, None),
+        };
+        Ok(TaskFilter {
+            dag_id: (*dag_id).to_owned(),
+            task_id: task_id.to_owned(),
+            map_index,
+            run_id: run_id.to_owned(),
+            try_number,
+        })
+    }
+}
+
+impl TaskFilter {
+    fn matches(&self, key: &TaskKey) -> bool {
+        let run = if key.is_complete() {
+            &key.run_id
+        } else {
+            &key.logical_date
+        };
+        key.dag_id == self.dag_id
+            && key.task_id == self.task_id
+            && *run == self.run_id
+            && self.map_index.is_none_or(|m| m == key.map_index)
+            && self.try_number.is_none_or(|t| t == key.try_number)
+    }
+}
+
+/// One replayed message.
+struct Entry {
+    stream: &'static str,
+    sequence: u64,
+    time: OffsetDateTime,
+    subject: String,
+    role: Option<String>,
+    payload: bytes::Bytes,
+}
+
+/// Prints the timeline.
+pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    runtime.block_on(async {
+        let subjects = Subjects::new(&args.prefix).context("invalid --prefix")?;
+        let client = podstream_bus::connect(&args.nats, "podstream-replay").await;
+        let js = jetstream::new(client);
+        let pods_name = stream_name(&args.prefix, "pods");
+        let commands_name = stream_name(&args.prefix, "commands");
+        let pods_start = start_policy(&js, &pods_name, args.since).await?;
+        let since_time = match (args.since, &pods_start) {
+            (Position::Time(time), _) => time,
+            (Position::Sequence(_), Some((_, time))) => *time,
+            (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
+        };
+        let pods = match pods_start {
+            Some((policy, _)) => read(&js, &pods_name, "pods", policy, args.until).await?,
+            None => Vec::new(),
+        };
+        let commands = read(
+            &js,
+            &commands_name,
+            "commands",
+            DeliverPolicy::ByStartTime {
+                start_time: since_time,
+            },
+            args.until.map(|u| match u {
+                // A pod-event sequence says nothing about command sequences: stop at its time.
+                Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
+                time => time,
+            }),
+        )
+        .await?;
+
+        let mut timeline: Vec<Entry> = pods.into_iter().chain(commands).collect();
+        // Pod events before commands at the same instant: a command follows its event.
+        timeline.sort_by_key(|e| (e.time, e.stream == "commands", e.sequence));
+        let mut printed = 0usize;
+        let mut replayed_events = Vec::new();
+        let mut recorded = Vec::new();
+        for entry in &timeline {
+            let (task, pod) = identify(&entry.payload, entry.stream);
+            if let Some(filter) = &args.task
+                && !task.as_ref().is_some_and(|t| filter.matches(t))
+            {
+                continue;
+            }
+            // --decide sees every pod of the task, also those --pod hides.
+            if entry.stream == "pods" && entry.role.as_deref() != Some(Role::Left.as_str()) {
+                if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
+                    replayed_events.push(event);
+                }
+            } else if entry.stream == "commands"
+                && let Ok(command) = Command::decode(entry.payload.as_ref())
+            {
+                recorded.push(command);
+            }
+            if let Some(name) = &args.pod
+                && pod.as_deref() != Some(name.as_str())
+            {
+                continue;
+            }
+            let line = lines::describe(
+                &subjects,
+                &entry.subject,
+                entry.role.as_deref(),
+                &entry.payload,
+                args.json,
+            );
+            let when = entry.time.format(&Rfc3339).unwrap_or_default();
+            if args.json {
+                let mut value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                value["time"] = when.into();
+                value["sequence"] = entry.sequence.into();
+                println!("{value}");
+            } else {
+                println!("{when} {:<8} {line}", format!("{}#{}", &entry.stream[..1], entry.sequence));
+            }
+            printed += 1;
+        }
+        eprintln!(
+            "replayed {} messages, {printed} shown",
+            timeline.len()
+        );
+        if args.decide {
+            let differences = redecide(args, &replayed_events, &recorded);
+            eprintln!("--decide: {differences} difference(s) between then and today's rules");
+        }
+        Ok(())
+    })
+}
+
+/// Where to start reading `stream`, and the time of that point; `None` when the stream does
+/// not exist or holds nothing from there on.
+async fn start_policy(
+    js: &jetstream::Context,
+    stream: &str,
+    since: Position,
+) -> anyhow::Result<Option<(DeliverPolicy, OffsetDateTime)>> {
+    let Ok(stream) = js.get_stream(stream).await else {
+        return Ok(None);
+    };
+    match since {
+        Position::Time(time) => Ok(Some((DeliverPolicy::ByStartTime { start_time: time }, time))),
+        Position::Sequence(sequence) => {
+            let first = stream
+                .get_first_raw_message_by_subject(">", sequence.max(1))
+                .await;
+            match first {
+                Ok(message) => Ok(Some((
+                    DeliverPolicy::ByStartSequence {
+                        start_sequence: message.sequence,
+                    },
+                    message.time,
+                ))),
+                Err(_) => Ok(None),
+            }
+        }
+    }
+}
+
+/// Reads `stream` with an ordered consumer from `policy` to `until` (or its end at start),
+/// with a progress bar on stderr.
+async fn read(
+    js: &jetstream::Context,
+    name: &str,
+    label: &'static str,
+    policy: DeliverPolicy,
+    until: Option<Position>,
+) -> anyhow::Result<Vec<Entry>> {
+    let Ok(mut stream) = js.get_stream(name).await else {
+        return Ok(Vec::new());
+    };
+    let state = stream.info().await.context("reading stream info")?.state.clone();
+    let last = match until {
+        Some(Position::Sequence(sequence)) => sequence.min(state.last_sequence),
+        _ => state.last_sequence,
+    };
+    if state.messages == 0 {
+        return Ok(Vec::new());
+    }
+    let progress = indicatif::ProgressBar::with_draw_target(
+        Some(state.messages),
+        indicatif::ProgressDrawTarget::stderr(),
+    )
+    .with_message(label);
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: policy,
+            ..OrderedConfig::default()
+        })
+        .await
+        .with_context(|| format!("reading {name}"))?;
+    let mut messages = consumer.messages().await.context("reading")?;
+    let mut out = Vec::new();
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
+        // No message for 2 s: we are at the end (or past --until's time).
+        let Ok(Some(message)) = next else { break };
+        let message = message.with_context(|| format!("reading {name}"))?;
+        let info = message.info().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (sequence, time, pending) = (info.stream_sequence, info.published, info.pending);
+        if sequence > last {
+            break;
+        }
+        if let Some(Position::Time(until)) = until
+            && time > until
+        {
+            break;
+        }
+        progress.inc(1);
+        out.push(Entry {
+            stream: label,
+            sequence,
+            time,
+            subject: message.subject.to_string(),
+            role: message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(ROLE_HEADER))
+                .map(|v| v.as_str().to_owned()),
+            payload: message.payload.clone(),
+        });
+        if sequence >= last || pending == 0 {
+            break;
+        }
+    }
+    progress.finish_and_clear();
+    Ok(out)
+}
+
+/// The task and pod name a message is about.
+fn identify(payload: &[u8], stream: &str) -> (Option<TaskKey>, Option<String>) {
+    if stream == "pods" {
+        PodEvent::decode(payload)
+            .map(|e| (e.task, e.pod.map(|p| p.name)))
+            .unwrap_or_default()
+    } else {
+        Command::decode(payload)
+            .map(|c| (c.task, c.pod.map(|p| p.name)))
+            .unwrap_or_default()
+    }
+}
+
+/// Decides `events` again with today's rules and prints what differs from `recorded`, by
+/// command id; returns the number of differences.
+fn redecide(args: &ReplayArgs, events: &[PodEvent], recorded: &[Command]) -> usize {
+    let mut processor = Processor::new(args.rules.rules(), MemoryStore::default());
+    let mut today: BTreeMap<String, Command> = BTreeMap::new();
+    for event in events {
+        if let Ok(commands) = processor.handle(event) {
+            today.extend(commands.into_iter().map(|c| (c.id.clone(), c)));
+        }
+    }
+    let then: BTreeMap<String, Command> =
+        recorded.iter().map(|c| (c.id.clone(), c.clone())).collect();
+    let mut differences = 0;
+    for (id, command) in &then {
+        match today.get(id) {
+            Some(now) if now == command => {}
+            Some(now) => {
+                differences += 1;
+                println!("differs  then: {}", lines::command_line(command, "", args.json));
+                println!("         today: {}", lines::command_line(now, "", args.json));
+            }
+            None => {
+                differences += 1;
+                println!("then only: {}", lines::command_line(command, "", args.json));
+            }
+        }
+    }
+    for (id, command) in &today {
+        if !then.contains_key(id) {
+            differences += 1;
+            println!("today only: {}", lines::command_line(command, "", args.json));
+        }
+    }
+    differences
+}
