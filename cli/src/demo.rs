@@ -32,14 +32,16 @@ const NS: &str = "airflow";
 
 /// Flags of `podstream demo`.
 #[derive(Debug, Args)]
-#[command(after_help = "Example:\n  scripts/setup.sh && cargo run --release -- demo")]
+#[command(
+    after_help = "Examples:\n  podstream demo\n  scripts/setup.sh && cargo run --release -- demo    # from a fresh checkout"
+)]
 pub struct DemoArgs {
     /// An Airflow 2.10 SQLite metadata DB made by `airflow db migrate` to copy (never
     /// modified); by default the one scripts/setup.sh caches in target/airflow-db.
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_DB")]
     pub airflow_db: Option<PathBuf>,
     /// Seconds to wait for every story to settle.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, env = "PODSTREAM_DEMO_TIMEOUT_SECONDS", default_value_t = 60)]
     pub timeout_seconds: u64,
 }
 

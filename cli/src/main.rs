@@ -85,3 +85,36 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Issue 6: every flag has a `PODSTREAM_*` env var, every subcommand an example.
+    #[test]
+    fn every_flag_has_an_env_var_and_every_subcommand_an_example() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            let example = sub
+                .get_after_help()
+                .is_some_and(|h| h.to_string().contains("podstream "));
+            if !example {
+                missing.push(format!("{}: no example in --help", sub.get_name()));
+            }
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_positional() || id == "help" || id == "version" {
+                    continue;
+                }
+                let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+                if !env.starts_with("PODSTREAM_") {
+                    missing.push(format!("{} --{id}: no PODSTREAM_* env var", sub.get_name()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+}

@@ -34,22 +34,22 @@ pub struct ReplayArgs {
     prefix: String,
     /// Where to start: an RFC 3339 time (both streams) or a sequence of the pod-events stream
     /// (commands from that event's time on).
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_REPLAY_SINCE")]
     since: Position,
     /// Where to stop (inclusive), same forms; the streams' ends at start when absent.
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_REPLAY_UNTIL")]
     until: Option<Position>,
     /// Only this task: DAG/TASK/RUN or DAG/TASK/RUN/TRY (map index as TASK[N]).
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_REPLAY_TASK")]
     task: Option<TaskFilter>,
     /// Only this pod (its name).
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_REPLAY_POD")]
     pod: Option<String>,
     /// Re-decide the replayed pod events with today's rules and print the differences.
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_REPLAY_DECIDE")]
     decide: bool,
     /// One JSON object per line instead of text.
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_JSON")]
     json: bool,
     #[command(flatten)]
     rules: RulesArgs,

@@ -23,7 +23,7 @@ pub struct TailArgs {
     #[arg(long, env = "PODSTREAM_SCHEDULER")]
     scheduler: Option<String>,
     /// One JSON object per line instead of text.
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_JSON")]
     json: bool,
 }
 
