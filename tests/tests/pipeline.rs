@@ -1,0 +1,296 @@
+//! The whole pipeline through the `podstream` binary: the simulator as the cluster, a real
+//! nats-server, real Airflow databases. `podstream run` on PostgreSQL (Airflow 3.1) plays the
+//! seed stories; the three components as separate processes on SQLite (Airflow 2.10) are each
+//! killed with SIGKILL mid-scenario and restarted, and the DB still ends right, once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use podstream_proto::TaskKey;
+use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
+use podstream_sink::Database;
+use podstream_sink::seed::SeedTi;
+use podstream_tests::airflow::{Airflow, AirflowDb};
+use podstream_tests::nats::NatsServer;
+use podstream_tests::podstream_binary;
+use podstream_tests::postgres::PgCluster;
+use sqlx::Row;
+
+const NS: &str = "airflow";
+const DAG: &str = "etl";
+const RUN: &str = "manual__2026-11-30";
+
+async fn sim() -> (Server, tempfile::TempDir) {
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server = Server::start(
+        addr,
+        SimConfig {
+            namespaces: vec![NS.into()],
+            bookmark_interval: Duration::from_millis(500),
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    (server, dir)
+}
+
+/// A `podstream` child process; SIGKILLed when dropped.
+struct Component {
+    child: Child,
+    args: Vec<String>,
+    kubeconfig: String,
+}
+
+impl Component {
+    fn start(args: &[&str], kubeconfig: &Path) -> Component {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let kubeconfig = kubeconfig.display().to_string();
+        let child = spawn(&args, &kubeconfig);
+        Component {
+            child,
+            args,
+            kubeconfig,
+        }
+    }
+
+    /// SIGKILL, then the same command again.
+    fn kill_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = spawn(&self.args, &self.kubeconfig);
+    }
+
+    /// SIGTERM; the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{:?} did not stop on SIGTERM", self.args);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(args: &[String], kubeconfig: &str) -> Child {
+    Command::new(podstream_binary())
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("PODSTREAM_LOG", std::env::var("PODSTREAM_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn key(task_id: &str) -> TaskKey {
+    TaskKey {
+        dag_id: DAG.into(),
+        task_id: task_id.into(),
+        run_id: RUN.into(),
+        map_index: -1,
+        try_number: 1,
+        ..TaskKey::default()
+    }
+}
+
+/// Waits until every (task, state, queued_by_job_id) holds, or panics with what differs.
+async fn wait_for(db: &Database, expected: &[(String, &str, i64)], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut wrong = Vec::new();
+        for (task, state, job) in expected {
+            let row = db.task_instance(&key(task)).await.unwrap().unwrap();
+            if row.state != *state || row.queued_by_job_id != Some(*job) {
+                wrong.push(format!("{task}: {row:?}, expected {state} by {job}"));
+            }
+        }
+        if wrong.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} wrong, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn pod_exists(cluster: &Cluster, name: &str) -> bool {
+    cluster.pod(NS, name).is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_plays_the_seed_stories_on_postgres() {
+    let (sim, dir) = sim().await;
+    let nats = NatsServer::start();
+    let pg = PgCluster::start();
+    let target = AirflowDb::postgres(Airflow::V3_1, &pg, "pipeline");
+    let db = Database::connect(&target.url).await.unwrap();
+    let tis: Vec<SeedTi<'_>> = ["adopted", "retried", "failed", "twins"]
+        .iter()
+        .map(|task_id| SeedTi {
+            task_id,
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: if *task_id == "failed" { 0 } else { 1 },
+        })
+        .collect();
+    db.seed(DAG, RUN, &tis).await.unwrap();
+    let run = Component::start(
+        &["run", "--nats", &nats.url(), "--db", &target.url, "--namespaces", NS],
+        &dir.path().join("kubeconfig"),
+    );
+
+    let cluster = sim.cluster();
+    let create = |name: &str, task: &str| {
+        cluster
+            .create_pod(WorkerPod::new(name, "1", DAG, task, RUN).to_json())
+            .unwrap();
+        cluster.set_phase(NS, name, "Running").unwrap();
+    };
+    create("adopted-1", "adopted");
+    create("retried-1", "retried");
+    create("failed-1", "failed");
+    create("twins-1", "twins");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Seed 1: scheduler 2 adopts a running pod.
+    cluster.relabel(NS, "adopted-1", "airflow-worker", Some("2")).unwrap();
+    // A graceful delete of running pods: retries left, and none.
+    cluster.delete_pod(NS, "retried-1", Some(1)).unwrap();
+    cluster.delete_pod(NS, "failed-1", Some(1)).unwrap();
+    // Seed 3: a newer pod for the same TI, which then fails.
+    let mut twin = WorkerPod::new("twins-2", "1", DAG, "twins", RUN).to_json();
+    twin["metadata"]["creationTimestamp"] = "2099-01-01T00:00:00Z".into();
+    cluster.create_pod(twin).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.set_phase(NS, "twins-2", "Failed").unwrap();
+
+    let expected = vec![
+        ("adopted".to_owned(), "running", 2),
+        ("retried".to_owned(), "up_for_retry", 1),
+        ("failed".to_owned(), "failed", 1),
+        ("twins".to_owned(), "running", 1),
+    ];
+    wait_for(&db, &expected, Duration::from_secs(60)).await;
+    // Settled, and nothing else arrives: the loser's failure fails nothing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_for(&db, &expected, Duration::from_secs(1)).await;
+    assert!(pod_exists(cluster, "adopted-1"), "no pod is deleted by a relabel");
+    let duplicates: i64 = sqlx::query("SELECT COUNT(*) FROM podstream_duplicate")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    assert!(duplicates >= 1, "the duplicate pods are recorded");
+    assert!(run.terminate().success(), "run exits 0 on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once() {
+    const TASKS: usize = 60;
+    let (sim, dir) = sim().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    let nats = NatsServer::start();
+    let target = AirflowDb::sqlite(Airflow::V2_10);
+    let db = Database::connect(&target.url).await.unwrap();
+    let names: Vec<String> = (0..TASKS).map(|i| format!("t{i}")).collect();
+    let tis: Vec<SeedTi<'_>> = names
+        .iter()
+        .map(|task_id| SeedTi {
+            task_id,
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: 1,
+        })
+        .collect();
+    db.seed(DAG, RUN, &tis).await.unwrap();
+    let url = nats.url();
+    let mut ingest = Component::start(&["ingest", "--nats", &url, "--namespaces", NS], &kubeconfig);
+    let mut process = Component::start(&["process", "--nats", &url, "--failover-seconds", "2"], &kubeconfig);
+    let mut sink = Component::start(&["sink", "--nats", &url, "--db", &target.url], &kubeconfig);
+
+    let cluster = sim.cluster();
+    // Every task: a pod, Running. Then a third is adopted by scheduler 2, a third deleted
+    // while running, a third succeeds; a component is killed between the steps.
+    for (i, task) in names.iter().enumerate() {
+        let pod = format!("{task}-pod");
+        cluster.create_pod(WorkerPod::new(&pod, "1", DAG, task, RUN).to_json()).unwrap();
+        cluster.set_phase(NS, &pod, "Running").unwrap();
+        if i == TASKS / 2 {
+            ingest.kill_and_restart();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, task) in names.iter().enumerate() {
+        let pod = format!("{task}-pod");
+        match i % 3 {
+            0 => drop(cluster.relabel(NS, &pod, "airflow-worker", Some("2")).unwrap()),
+            1 => drop(cluster.delete_pod(NS, &pod, Some(1)).unwrap()),
+            _ => drop(cluster.set_phase(NS, &pod, "Succeeded").unwrap()),
+        }
+        if i == TASKS / 3 {
+            process.kill_and_restart();
+        }
+        if i == 2 * TASKS / 3 {
+            sink.kill_and_restart();
+        }
+    }
+    let expected: Vec<(String, &str, i64)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, task)| match i % 3 {
+            0 => (task.clone(), "running", 2),
+            1 => (task.clone(), "up_for_retry", 1),
+            _ => (task.clone(), "running", 1),
+        })
+        .collect();
+    wait_for(&db, &expected, Duration::from_secs(120)).await;
+
+    // Applied once: one log row per failed try and per transfer, one applied row per command.
+    let count = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                .try_get::<i64, _>(0)
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM log WHERE event = 'podstream_fail'").await,
+        (TASKS / 3) as i64
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM log WHERE event = 'podstream_transfer'").await,
+        (TASKS / 3) as i64
+    );
+    let applied = count("SELECT COUNT(*) FROM podstream_applied").await;
+    let distinct = count("SELECT COUNT(DISTINCT command_id) FROM podstream_applied").await;
+    assert_eq!(applied, distinct);
+    // running for all, then transfer / fail / completed for each.
+    assert_eq!(applied, (2 * TASKS) as i64, "every command applied exactly once");
+    for component in [ingest, process, sink] {
+        assert!(component.terminate().success());
+    }
+}
