@@ -97,7 +97,14 @@ impl LocalServer {
         // A fresh log, so "ready" below is this run's.
         let _ = std::fs::remove_file(&log);
         let child = Command::new(&self.binary)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(self.dir.join("jetstream"))
             .arg("-l")
             .arg(&log)

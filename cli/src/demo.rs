@@ -187,8 +187,14 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let (rows, commands) = loop {
         let rows = read_rows(&db).await?;
         let commands = read_commands(&js).await?;
-        let done = STORIES.iter().all(|s| ends_right(s, rows.get(s.task_id), &commands));
-        idle_polls = if done && idle(&js).await { idle_polls + 1 } else { 0 };
+        let done = STORIES
+            .iter()
+            .all(|s| ends_right(s, rows.get(s.task_id), &commands));
+        idle_polls = if done && idle(&js).await {
+            idle_polls + 1
+        } else {
+            0
+        };
         if idle_polls >= 2 || Instant::now() > deadline {
             break (rows, commands);
         }
@@ -271,11 +277,17 @@ fn ends_right(story: &Story, row: Option<&TiRow>, commands: &[Command]) -> bool 
 }
 
 /// The kinds of the commands decided for the story's task, in order.
-fn decided<'a>(story: &'a Story, commands: &'a [Command]) -> impl Iterator<Item = &'static str> + 'a {
+fn decided<'a>(
+    story: &'a Story,
+    commands: &'a [Command],
+) -> impl Iterator<Item = &'static str> + 'a {
     story_commands(story, commands).map(|c| c.kind.as_ref().map_or("none", |k| k.name()))
 }
 
-fn story_commands<'a>(story: &'a Story, commands: &'a [Command]) -> impl Iterator<Item = &'a Command> + 'a {
+fn story_commands<'a>(
+    story: &'a Story,
+    commands: &'a [Command],
+) -> impl Iterator<Item = &'a Command> + 'a {
     commands
         .iter()
         .filter(|c| c.task.as_ref().is_some_and(|t| t.task_id == story.task_id))
@@ -334,8 +346,7 @@ async fn read_commands(js: &jetstream::Context) -> anyhow::Result<Vec<Command>> 
     let mut messages = consumer.messages().await?;
     let mut commands = Vec::new();
     while (commands.len() as u64) < total {
-        let Ok(Some(message)) =
-            tokio::time::timeout(Duration::from_secs(5), messages.next()).await
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await
         else {
             break;
         };
@@ -368,7 +379,10 @@ fn describe(command: &Command) -> String {
 /// Prints the report; true when every story ended right.
 fn report(rows: &BTreeMap<&'static str, TiRow>, commands: &[Command]) -> bool {
     let mut all = true;
-    println!("podstream demo: {} stories, DAG {DAG}, run {RUN}\n", STORIES.len());
+    println!(
+        "podstream demo: {} stories, DAG {DAG}, run {RUN}\n",
+        STORIES.len()
+    );
     for (n, story) in STORIES.iter().enumerate() {
         let decided: Vec<String> = story_commands(story, commands).map(describe).collect();
         let row = rows.get(story.task_id);

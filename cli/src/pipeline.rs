@@ -63,9 +63,7 @@ impl Pipeline {
         });
         let stopped = until();
         tasks.spawn(async move {
-            let summary = sink::run(sink_config, db, stopped)
-                .await
-                .context("sink")?;
+            let summary = sink::run(sink_config, db, stopped).await.context("sink")?;
             Ok(format!("sink: {summary}"))
         });
         Pipeline { stop, tasks }
@@ -73,7 +71,10 @@ impl Pipeline {
 
     /// Runs until `shutdown` resolves or a component fails; then stops them all and returns
     /// each one's closing summary.
-    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<Vec<String>> {
+    pub async fn run_until(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<Vec<String>> {
         tokio::pin!(shutdown);
         let early = tokio::select! {
             _ = &mut shutdown => None,
@@ -84,7 +85,9 @@ impl Pipeline {
         if let Some(ended) = early {
             match ended.context("a component panicked").and_then(|r| r) {
                 Ok(summary) => {
-                    failure = Some(anyhow::anyhow!("a component stopped on its own ({summary})"))
+                    failure = Some(anyhow::anyhow!(
+                        "a component stopped on its own ({summary})"
+                    ))
                 }
                 Err(error) => failure = Some(error),
             }

@@ -91,7 +91,9 @@ impl std::str::FromStr for TaskFilter {
     fn from_str(text: &str) -> Result<Self, String> {
         let parts: Vec<&str> = text.splitn(3, '/').collect();
         let [dag_id, task, rest] = parts.as_slice() else {
-            return Err(format!("{text:?}: expected DAG/TASK/RUN or DAG/TASK/RUN/TRY"));
+            return Err(format!(
+                "{text:?}: expected DAG/TASK/RUN or DAG/TASK/RUN/TRY"
+            ));
         };
         // A run id may itself hold '/', so a try is only a trailing all-digit segment.
         let (run_id, try_number) = match rest.rsplit_once('/') {
@@ -101,7 +103,11 @@ impl std::str::FromStr for TaskFilter {
         let (task_id, map_index) = match task.strip_suffix(']').and_then(|t| t.split_once('[')) {
             Some((task_id, index)) => (
                 task_id,
-                Some(index.parse().map_err(|_| format!("bad map index in {task:?}"))?),
+                Some(
+                    index
+                        .parse()
+                        .map_err(|_| format!("bad map index in {task:?}"))?,
+                ),
             ),
             None => (*task, None),
         };
@@ -216,14 +222,14 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 value["sequence"] = entry.sequence.into();
                 println!("{value}");
             } else {
-                println!("{when} {:<8} {line}", format!("{}#{}", &entry.stream[..1], entry.sequence));
+                println!(
+                    "{when} {:<8} {line}",
+                    format!("{}#{}", &entry.stream[..1], entry.sequence)
+                );
             }
             printed += 1;
         }
-        eprintln!(
-            "replayed {} messages, {printed} shown",
-            timeline.len()
-        );
+        eprintln!("replayed {} messages, {printed} shown", timeline.len());
         if args.decide {
             let differences = redecide(args, &replayed_events, &recorded);
             eprintln!("--decide: {differences} difference(s) between then and today's rules");
@@ -243,7 +249,10 @@ async fn start_policy(
         return Ok(None);
     };
     match since {
-        Position::Time(time) => Ok(Some((DeliverPolicy::ByStartTime { start_time: time }, time))),
+        Position::Time(time) => Ok(Some((
+            DeliverPolicy::ByStartTime { start_time: time },
+            time,
+        ))),
         Position::Sequence(sequence) => {
             let first = stream
                 .get_first_raw_message_by_subject(">", sequence.max(1))
@@ -273,7 +282,12 @@ async fn read(
     let Ok(mut stream) = js.get_stream(name).await else {
         return Ok(Vec::new());
     };
-    let state = stream.info().await.context("reading stream info")?.state.clone();
+    let state = stream
+        .info()
+        .await
+        .context("reading stream info")?
+        .state
+        .clone();
     let last = match until {
         Some(Position::Sequence(sequence)) => sequence.min(state.last_sequence),
         _ => state.last_sequence,
@@ -362,8 +376,14 @@ fn redecide(args: &ReplayArgs, events: &[PodEvent], recorded: &[Command]) -> usi
             Some(now) if now == command => {}
             Some(now) => {
                 differences += 1;
-                println!("differs  then: {}", lines::command_line(command, "", args.json));
-                println!("         today: {}", lines::command_line(now, "", args.json));
+                println!(
+                    "differs  then: {}",
+                    lines::command_line(command, "", args.json)
+                );
+                println!(
+                    "         today: {}",
+                    lines::command_line(now, "", args.json)
+                );
             }
             None => {
                 differences += 1;
@@ -374,7 +394,10 @@ fn redecide(args: &ReplayArgs, events: &[PodEvent], recorded: &[Command]) -> usi
     for (id, command) in &today {
         if !then.contains_key(id) {
             differences += 1;
-            println!("today only: {}", lines::command_line(command, "", args.json));
+            println!(
+                "today only: {}",
+                lines::command_line(command, "", args.json)
+            );
         }
     }
     differences

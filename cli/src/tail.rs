@@ -64,7 +64,13 @@ pub fn run(args: &TailArgs) -> anyhow::Result<()> {
                 .as_ref()
                 .and_then(|h| h.get(ROLE_HEADER))
                 .map(|v| v.as_str().to_owned());
-            let line = lines::describe(&subjects, &message.subject, role.as_deref(), &message.payload, args.json);
+            let line = lines::describe(
+                &subjects,
+                &message.subject,
+                role.as_deref(),
+                &message.payload,
+                args.json,
+            );
             println!("{line}");
         }
         Ok(())

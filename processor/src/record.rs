@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use podstream_proto::v1::{Command, TaskKey};
 use podstream_proto::PodEvent;
+use podstream_proto::v1::{Command, TaskKey};
 use serde::{Deserialize, Serialize};
 
 use crate::decide::{Decision, EventError, decide, identity};

@@ -32,9 +32,9 @@ use futures::StreamExt;
 use podstream_bus::Backoff;
 use podstream_bus::dead::{self, DeadLetter};
 use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::PodEvent;
 use podstream_proto::subject::{ROLE_HEADER, Role, Stage, Subjects, encode_token};
 use podstream_proto::v1::Command;
-use podstream_proto::PodEvent;
 use prost::Message as _;
 use tracing::{debug, info, warn};
 
@@ -119,7 +119,11 @@ pub async fn run(
     let pods = streams::pods_stream(&config.prefix, &config.streams);
     let pods_name = pods.name.clone();
     streams::ensure(&js, pods).await?;
-    streams::ensure(&js, streams::commands_stream(&config.prefix, &config.streams)).await?;
+    streams::ensure(
+        &js,
+        streams::commands_stream(&config.prefix, &config.streams),
+    )
+    .await?;
     streams::ensure(&js, streams::dead_stream(&config.prefix, &config.streams)).await?;
     let pods = js
         .get_stream(&pods_name)
@@ -323,7 +327,7 @@ impl Worker {
                         groups.push(Vec::new());
                         groups.len() - 1
                     });
-                    groups[at].push(delivery);
+                    groups[at].push(*delivery);
                 }
                 Accepted::Done => {}
                 Accepted::Dead => stats.dead_lettered += 1,
@@ -352,12 +356,12 @@ impl Worker {
             Ok(event) => match identity(&event) {
                 Ok((_, task)) => {
                     let key = TaskRecord::key(task);
-                    return Accepted::Decide(Delivery {
+                    return Accepted::Decide(Box::new(Delivery {
                         message,
                         sequence,
                         event,
                         key,
-                    });
+                    }));
                 }
                 Err(error) => error.to_string(),
             },
@@ -444,9 +448,7 @@ impl Worker {
                 .unwrap_or_default();
             commands.extend(more);
             record.outbox = commands.clone();
-            let bytes = record
-                .encode()
-                .map_err(|e| Retry::Store(e.to_string()))?;
+            let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
             match self
                 .records
                 .update(&delivery.key, Bytes::from(bytes), revision)
@@ -505,8 +507,7 @@ impl Worker {
             {
                 Ok(message) => message,
                 Err(error)
-                    if error.kind()
-                        == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+                    if error.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
                 {
                     break;
                 }
@@ -541,7 +542,11 @@ impl Worker {
                 .await
                 .map_err(|e| Retry::Publish(e.to_string()))?;
             let kind = command.kind.as_ref().map_or("none", |k| k.name());
-            let ti = command.task.as_ref().map(ToString::to_string).unwrap_or_default();
+            let ti = command
+                .task
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
             info!(pod = %uid, %ti, owner = %command.owner, kind, id = %command.id, "command");
             acks.push(ack);
         }
@@ -553,7 +558,7 @@ impl Worker {
 }
 
 enum Accepted {
-    Decide(Delivery),
+    Decide(Box<Delivery>),
     Done,
     Dead,
 }

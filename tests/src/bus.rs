@@ -150,11 +150,18 @@ impl PodFeed {
     /// # Panics
     /// When NATS is unreachable.
     pub async fn new(url: &str) -> PodFeed {
-        let js = jetstream::new(async_nats::connect(url).await.unwrap());
+        let js = jetstream::new(
+            async_nats::connect(url)
+                .await
+                .unwrap_or_else(|e| panic!("connecting to {url}: {e}")),
+        );
         let settings = podstream_bus::StreamSettings::default();
-        podstream_bus::streams::ensure(&js, podstream_bus::streams::pods_stream("podstream", &settings))
-            .await
-            .unwrap();
+        podstream_bus::streams::ensure(
+            &js,
+            podstream_bus::streams::pods_stream("podstream", &settings),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("pod-events stream: {e}"));
         PodFeed {
             js,
             known: KnownPods::new(),
@@ -174,17 +181,17 @@ impl PodFeed {
                     self.js
                         .send_publish(out.subject.clone(), out.to_publish())
                         .await
-                        .unwrap(),
+                        .unwrap_or_else(|e| panic!("publishing: {e}")),
                 );
             }
             if acks.len() >= 512 {
                 for ack in acks.drain(..) {
-                    ack.await.unwrap();
+                    ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
                 }
             }
         }
         for ack in acks {
-            ack.await.unwrap();
+            ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
         }
     }
 }

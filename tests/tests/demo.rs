@@ -27,8 +27,14 @@ fn demo_plays_every_story_and_exits_0() {
     );
     assert_eq!(stdout.matches(" OK (expected").count(), 5, "{stdout}");
     assert!(stdout.contains("transfer 1→2 (adopted-1)"), "{stdout}");
-    assert!(stdout.contains("duplicate: twins-1 drives, others twins-2"), "{stdout}");
-    assert!(stdout.contains("fail: deleted_while_running (broken-1)"), "{stdout}");
+    assert!(
+        stdout.contains("duplicate: twins-1 drives, others twins-2"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fail: deleted_while_running (broken-1)"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("WRONG"), "{stdout}");
 }
 

@@ -37,7 +37,9 @@ async fn sim() -> (Server, tempfile::TempDir) {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    server
+        .write_kubeconfig(&dir.path().join("kubeconfig"))
+        .unwrap();
     (server, dir)
 }
 
@@ -78,7 +80,11 @@ impl Component {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "{:?} did not stop on SIGTERM", self.args);
+            assert!(
+                Instant::now() < deadline,
+                "{:?} did not stop on SIGTERM",
+                self.args
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -95,7 +101,10 @@ fn spawn(args: &[String], kubeconfig: &str) -> Child {
     Command::new(podstream_binary())
         .args(args)
         .env("KUBECONFIG", kubeconfig)
-        .env("PODSTREAM_LOG", std::env::var("PODSTREAM_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "PODSTREAM_LOG",
+            std::env::var("PODSTREAM_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .spawn()
         .unwrap()
@@ -126,7 +135,12 @@ async fn wait_for(db: &Database, expected: &[(String, &str, i64)], timeout: Dura
         if wrong.is_empty() {
             return;
         }
-        assert!(Instant::now() < deadline, "{} wrong, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+        assert!(
+            Instant::now() < deadline,
+            "{} wrong, e.g. {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -154,7 +168,15 @@ async fn run_plays_the_seed_stories_on_postgres() {
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
     let run = Component::start(
-        &["run", "--nats", &nats.url(), "--db", &target.url, "--namespaces", NS],
+        &[
+            "run",
+            "--nats",
+            &nats.url(),
+            "--db",
+            &target.url,
+            "--namespaces",
+            NS,
+        ],
         &dir.path().join("kubeconfig"),
     );
 
@@ -171,7 +193,9 @@ async fn run_plays_the_seed_stories_on_postgres() {
     create("twins-1", "twins");
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Seed 1: scheduler 2 adopts a running pod.
-    cluster.relabel(NS, "adopted-1", "airflow-worker", Some("2")).unwrap();
+    cluster
+        .relabel(NS, "adopted-1", "airflow-worker", Some("2"))
+        .unwrap();
     // A graceful delete of running pods: retries left, and none.
     cluster.delete_pod(NS, "retried-1", Some(1)).unwrap();
     cluster.delete_pod(NS, "failed-1", Some(1)).unwrap();
@@ -192,7 +216,10 @@ async fn run_plays_the_seed_stories_on_postgres() {
     // Settled, and nothing else arrives: the loser's failure fails nothing.
     tokio::time::sleep(Duration::from_secs(2)).await;
     wait_for(&db, &expected, Duration::from_secs(1)).await;
-    assert!(pod_exists(cluster, "adopted-1"), "no pod is deleted by a relabel");
+    assert!(
+        pod_exists(cluster, "adopted-1"),
+        "no pod is deleted by a relabel"
+    );
     let duplicates: i64 = sqlx::query("SELECT COUNT(*) FROM podstream_duplicate")
         .fetch_one(&db.pool)
         .await
@@ -225,7 +252,10 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     db.seed(DAG, RUN, &tis).await.unwrap();
     let url = nats.url();
     let mut ingest = Component::start(&["ingest", "--nats", &url, "--namespaces", NS], &kubeconfig);
-    let mut process = Component::start(&["process", "--nats", &url, "--failover-seconds", "2"], &kubeconfig);
+    let mut process = Component::start(
+        &["process", "--nats", &url, "--failover-seconds", "2"],
+        &kubeconfig,
+    );
     let mut sink = Component::start(&["sink", "--nats", &url, "--db", &target.url], &kubeconfig);
 
     let cluster = sim.cluster();
@@ -233,7 +263,9 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     // while running, a third succeeds; a component is killed between the steps.
     for (i, task) in names.iter().enumerate() {
         let pod = format!("{task}-pod");
-        cluster.create_pod(WorkerPod::new(&pod, "1", DAG, task, RUN).to_json()).unwrap();
+        cluster
+            .create_pod(WorkerPod::new(&pod, "1", DAG, task, RUN).to_json())
+            .unwrap();
         cluster.set_phase(NS, &pod, "Running").unwrap();
         if i == TASKS / 2 {
             ingest.kill_and_restart();
@@ -243,7 +275,11 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     for (i, task) in names.iter().enumerate() {
         let pod = format!("{task}-pod");
         match i % 3 {
-            0 => drop(cluster.relabel(NS, &pod, "airflow-worker", Some("2")).unwrap()),
+            0 => drop(
+                cluster
+                    .relabel(NS, &pod, "airflow-worker", Some("2"))
+                    .unwrap(),
+            ),
             1 => drop(cluster.delete_pod(NS, &pod, Some(1)).unwrap()),
             _ => drop(cluster.set_phase(NS, &pod, "Succeeded").unwrap()),
         }
@@ -289,7 +325,11 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     let distinct = count("SELECT COUNT(DISTINCT command_id) FROM podstream_applied").await;
     assert_eq!(applied, distinct);
     // running for all, then transfer / fail / completed for each.
-    assert_eq!(applied, (2 * TASKS) as i64, "every command applied exactly once");
+    assert_eq!(
+        applied,
+        (2 * TASKS) as i64,
+        "every command applied exactly once"
+    );
     for component in [ingest, process, sink] {
         assert!(component.terminate().success());
     }

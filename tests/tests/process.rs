@@ -80,7 +80,12 @@ fn event(name: &str, owner: &str, rv: u64, phase: Phase) -> PodEvent {
 fn commands(stored: &[Stored]) -> Vec<(String, Command)> {
     stored
         .iter()
-        .map(|m| (m.subject.clone(), Command::decode(m.payload.as_ref()).unwrap()))
+        .map(|m| {
+            (
+                m.subject.clone(),
+                Command::decode(m.payload.as_ref()).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -93,7 +98,14 @@ fn uid(command: &Command) -> &str {
 }
 
 async fn wait_for_commands(js: &jetstream::Context, n: u64) -> Vec<(String, Command)> {
-    bus::settle(js, COMMANDS, n, Duration::from_millis(500), Duration::from_secs(120)).await;
+    bus::settle(
+        js,
+        COMMANDS,
+        n,
+        Duration::from_millis(500),
+        Duration::from_secs(120),
+    )
+    .await;
     commands(&bus::read_all(js, COMMANDS).await)
 }
 
@@ -107,7 +119,11 @@ async fn a_relabel_is_one_transfer_to_the_new_owner_and_the_notice_is_not_decide
         event("load", "2", 12, Phase::Succeeded),
     ])
     .await;
-    assert_eq!(bus::count(&feed.js, PODS).await, 4, "three events and one notice");
+    assert_eq!(
+        bus::count(&feed.js, PODS).await,
+        4,
+        "three events and one notice"
+    );
 
     let processor = start(&nats.url(), &[], 256);
     let got = wait_for_commands(&feed.js, 3).await;
@@ -146,8 +162,11 @@ async fn processors_bound_to_two_schedulers_each_see_only_their_pods() {
     assert_eq!((one.decided, seven.decided), (25, 25));
     for (subject, command) in &got {
         let number: u64 = uid(command).trim_start_matches("uid-p").parse().unwrap();
-        let owner = if number % 2 == 0 { "1" } else { "7" };
-        assert_eq!(subject, &format!("podstream.commands.{owner}.{}", uid(command)));
+        let owner = if number.is_multiple_of(2) { "1" } else { "7" };
+        assert_eq!(
+            subject,
+            &format!("podstream.commands.{owner}.{}", uid(command))
+        );
     }
     let stream = feed.js.get_stream(PODS).await.unwrap();
     for (name, filter) in [
@@ -190,7 +209,14 @@ async fn three_processors_on_one_scheduler_keep_per_pod_order() {
         start(&nats.url(), &["1"], 16),
         start(&nats.url(), &["1"], 16),
     ];
-    bus::settle(&feed.js, COMMANDS, PODS_N / 2, Duration::ZERO, Duration::from_secs(300)).await;
+    bus::settle(
+        &feed.js,
+        COMMANDS,
+        PODS_N / 2,
+        Duration::ZERO,
+        Duration::from_secs(300),
+    )
+    .await;
     processors.remove(0).kill().await;
     processors.push(start(&nats.url(), &["1"], 16));
     let got = wait_for_commands(&feed.js, 2 * PODS_N).await;
@@ -202,7 +228,10 @@ async fn three_processors_on_one_scheduler_keep_per_pod_order() {
     let mut per_pod: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
     for (_, command) in &got {
         assert!(ids.insert(command.id.clone()), "{} twice", command.id);
-        per_pod.entry(uid(command).to_owned()).or_default().push(kind(command));
+        per_pod
+            .entry(uid(command).to_owned())
+            .or_default()
+            .push(kind(command));
     }
     assert_eq!(per_pod.len() as u64, PODS_N);
     let out_of_order: Vec<_> = per_pod
@@ -210,7 +239,10 @@ async fn three_processors_on_one_scheduler_keep_per_pod_order() {
         .filter(|(_, kinds)| kinds.as_slice() != ["running", "completed"])
         .take(5)
         .collect();
-    assert!(out_of_order.is_empty(), "pods decided out of order: {out_of_order:?}");
+    assert!(
+        out_of_order.is_empty(),
+        "pods decided out of order: {out_of_order:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -218,7 +250,10 @@ async fn a_malformed_event_is_dead_lettered_and_the_rest_goes_on() {
     let nats = NatsServer::start();
     let mut feed = Feed::new(&nats.url()).await;
     feed.js
-        .publish("podstream.pods.1.uid-garbage", "not protobuf \u{1}\u{2}".into())
+        .publish(
+            "podstream.pods.1.uid-garbage",
+            "not protobuf \u{1}\u{2}".into(),
+        )
         .await
         .unwrap()
         .await
@@ -226,12 +261,16 @@ async fn a_malformed_event_is_dead_lettered_and_the_rest_goes_on() {
     let mut no_task = event("orphan", "1", 5, Phase::Running);
     no_task.task = None;
     feed.js
-        .publish("podstream.pods.1.uid-orphan", no_task.encode_to_vec().into())
+        .publish(
+            "podstream.pods.1.uid-orphan",
+            no_task.encode_to_vec().into(),
+        )
         .await
         .unwrap()
         .await
         .unwrap();
-    feed.publish(vec![event("fine", "1", 6, Phase::Running)]).await;
+    feed.publish(vec![event("fine", "1", 6, Phase::Running)])
+        .await;
 
     let processor = start(&nats.url(), &[], 256);
     let got = wait_for_commands(&feed.js, 1).await;
@@ -244,14 +283,28 @@ async fn a_malformed_event_is_dead_lettered_and_the_rest_goes_on() {
         .iter()
         .map(|d| {
             (
-                d.header(podstream_bus::dead::SOURCE_HEADER).unwrap().to_owned(),
-                d.header(podstream_bus::dead::REASON_HEADER).unwrap().to_owned(),
+                d.header(podstream_bus::dead::SOURCE_HEADER)
+                    .unwrap()
+                    .to_owned(),
+                d.header(podstream_bus::dead::REASON_HEADER)
+                    .unwrap()
+                    .to_owned(),
             )
         })
         .collect();
-    assert!(reasons["podstream.pods.1.uid-garbage"].starts_with("not a PodEvent"), "{reasons:?}");
-    assert!(reasons["podstream.pods.1.uid-orphan"].contains("no task instance"), "{reasons:?}");
-    assert_eq!(dead[0].payload.as_ref(), b"not protobuf \x01\x02", "original bytes kept");
+    assert!(
+        reasons["podstream.pods.1.uid-garbage"].starts_with("not a PodEvent"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["podstream.pods.1.uid-orphan"].contains("no task instance"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        dead[0].payload.as_ref(),
+        b"not protobuf \x01\x02",
+        "original bytes kept"
+    );
 }
 
 /// Two pods for one TI decided by different instances: the duplicate record names the
@@ -288,9 +341,16 @@ async fn duplicates_across_instances_never_fail_the_task() {
             .push((kind(command), uid(command).to_owned()));
         if let Some(Kind::Duplicate(d)) = &command.kind {
             let chosen = d.chosen.as_ref().unwrap();
-            assert!(chosen.uid.ends_with("-a"), "the Running pod drives: {command:?}");
+            assert!(
+                chosen.uid.ends_with("-a"),
+                "the Running pod drives: {command:?}"
+            );
         }
-        assert_ne!(kind(command), "fail", "a losing pod failed its TI: {command:?}");
+        assert_ne!(
+            kind(command),
+            "fail",
+            "a losing pod failed its TI: {command:?}"
+        );
     }
     assert_eq!(by_task.len(), 200);
 }
@@ -313,7 +373,14 @@ async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
     feed.publish(events).await;
 
     let two = start(&nats.url(), &["2"], 64);
-    bus::settle(&feed.js, COMMANDS, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    bus::settle(
+        &feed.js,
+        COMMANDS,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
     let one = start(&nats.url(), &["1"], 64);
     let got = wait_for_commands(&feed.js, 3 * PODS_N).await;
     let (one, two) = (one.stop().await, two.stop().await);
@@ -321,10 +388,10 @@ async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
 
     let mut per_pod: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
     for (subject, command) in &got {
-        per_pod
-            .entry(uid(command).to_owned())
-            .or_default()
-            .push((kind(command), subject.rsplit('.').nth(1).unwrap().to_owned()));
+        per_pod.entry(uid(command).to_owned()).or_default().push((
+            kind(command),
+            subject.rsplit('.').nth(1).unwrap().to_owned(),
+        ));
     }
     assert_eq!(per_pod.len() as u64, PODS_N);
     let expected = vec![

@@ -99,7 +99,14 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
         },
     ));
     // running, transfer, completed; fail (image); running, duplicate.
-    bus::settle(&feed.js, "PODSTREAM_COMMANDS", 6, Duration::from_millis(500), Duration::from_secs(60)).await;
+    bus::settle(
+        &feed.js,
+        "PODSTREAM_COMMANDS",
+        6,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
     let _ = stop.send(());
     processor.await.unwrap().unwrap();
     let recorded: Vec<Command> = bus::read_all(&feed.js, "PODSTREAM_COMMANDS")
@@ -121,17 +128,31 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
         .map(|l| l["id"].as_str().unwrap())
         .collect();
     let ids: Vec<&str> = recorded.iter().map(|c| c.id.as_str()).collect();
-    assert_eq!(printed, ids, "the timeline shows every recorded command, in order");
-    assert_eq!(lines.iter().filter(|l| l["stream"] == "pods").count(), 8, "7 events and 1 notice");
+    assert_eq!(
+        printed, ids,
+        "the timeline shows every recorded command, in order"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l["stream"] == "pods").count(),
+        8,
+        "7 events and 1 notice"
+    );
     assert!(other.is_empty(), "no differences expected: {other:?}");
     assert!(stderr.contains("0 difference(s)"), "{stderr}");
 
     // Each command comes after the event it was decided from.
-    for (at, line) in lines.iter().enumerate().filter(|(_, l)| l["stream"] == "commands") {
+    for (at, line) in lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l["stream"] == "commands")
+    {
         let from_event = lines[..at].iter().any(|e| {
             e["stream"] == "pods"
                 && e["pod"]["uid"] == line["pod"]["uid"]
-                && line["id"].as_str().unwrap().contains(&format!(":{}:", e["resource_version"].as_str().unwrap()))
+                && line["id"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!(":{}:", e["resource_version"].as_str().unwrap()))
         });
         assert!(from_event, "{line} before its event");
     }
@@ -139,21 +160,39 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
     // One task only.
     let nats_url = url.clone();
     let (lines, _, _) = tokio::task::spawn_blocking(move || {
-        replay(&nats_url, &["--since", "1", "--task", "etl/twins/manual__2026-11-30/1"])
+        replay(
+            &nats_url,
+            &["--since", "1", "--task", "etl/twins/manual__2026-11-30/1"],
+        )
     })
     .await
     .unwrap();
     assert_eq!(lines.len(), 5, "3 events, running and duplicate: {lines:?}");
-    assert!(lines.iter().all(|l| l["ti"]["task_id"] == "twins"), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["ti"]["task_id"] == "twins"),
+        "{lines:?}"
+    );
 
     // Today's rules without ErrImagePull as fatal: the image failure would not be decided.
     let nats_url = url.clone();
     let (_, other, stderr) = tokio::task::spawn_blocking(move || {
-        replay(&nats_url, &["--since", "1", "--decide", "--fatal-reasons", "InvalidImageName"])
+        replay(
+            &nats_url,
+            &[
+                "--since",
+                "1",
+                "--decide",
+                "--fatal-reasons",
+                "InvalidImageName",
+            ],
+        )
     })
     .await
     .unwrap();
     assert!(stderr.contains("1 difference(s)"), "{stderr}");
     assert_eq!(other.len(), 1, "{other:?}");
-    assert!(other[0].starts_with("then only:") && other[0].contains("uid-pull-1:20:fail"), "{other:?}");
+    assert!(
+        other[0].starts_with("then only:") && other[0].contains("uid-pull-1:20:fail"),
+        "{other:?}"
+    );
 }
