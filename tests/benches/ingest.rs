@@ -12,14 +12,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use async_nats::jetstream;
 use k8s_openapi::api::core::v1::Pod;
-use podstream_bus::streams::{self, StreamSettings};
 use podstream_ingest::projection::project;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Server, SimConfig, WorkerPod};
@@ -53,44 +51,6 @@ fn event_size() -> usize {
         .len()
 }
 
-async fn raw_limit(js: &jetstream::Context, n: usize, size: usize) -> f64 {
-    let mut config = streams::pods_stream("rawbench", &StreamSettings::default());
-    config.subjects = vec!["rawbench.>".into()];
-    streams::ensure(js, config).await.unwrap();
-    let payload = bytes::Bytes::from(vec![7u8; size]);
-    let mut window: VecDeque<PublishAckFuture> = VecDeque::new();
-    let started = Instant::now();
-    for i in 0..n {
-        if window.len() >= WINDOW {
-            window.pop_front().unwrap().await.unwrap();
-        }
-        let message = PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(format!("raw-{i}:1:changed"));
-        window.push_back(
-            js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message)
-                .await
-                .unwrap(),
-        );
-    }
-    for ack in window {
-        ack.await.unwrap();
-    }
-    n as f64 / started.elapsed().as_secs_f64()
-}
-
-fn rss(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb / 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (n, rate, seconds) = if full {
@@ -111,7 +71,7 @@ fn main() {
         let nats = NatsServer::start();
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
         let size = event_size();
-        let raw = raw_limit(&js, n, size).await;
+        let raw = bus::raw_publish_limit(&js, n, size, WINDOW).await;
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -132,7 +92,7 @@ fn main() {
             .unwrap();
         bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
         let initial = started.elapsed();
-        let (rss_now, rss_peak) = rss(child.id());
+        let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
         println!(
             "initial list: {n} pods acked in {:.2} s = {:>9.0} events/s ({:.2}x the raw limit)",
             initial.as_secs_f64(),
@@ -172,7 +132,7 @@ fn main() {
             updates as f64 / drained.as_secs_f64(),
             (drained - offered).as_secs_f64()
         );
-        let (rss_now, rss_peak) = rss(child.id());
+        let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
         println!("ingest memory after the steady run: {rss_now} MB resident, {rss_peak} MB peak");
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
         let _ = child.wait();

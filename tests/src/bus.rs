@@ -2,8 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use std::collections::VecDeque;
+
+use async_nats::jetstream::{
+    self, consumer::pull::OrderedConfig, context::PublishAckFuture, message::PublishMessage,
+};
 use futures::StreamExt;
+use podstream_bus::streams::{self, StreamSettings};
 use podstream_ingest::known::KnownPods;
 use podstream_proto::PodEvent;
 use podstream_proto::subject::Subjects;
@@ -194,4 +199,45 @@ impl PodFeed {
             ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
         }
     }
+}
+
+/// The raw JetStream publish limit, messages per second: `n` messages of `size` bytes with
+/// message ids, `window` acks outstanding, to a stream with the pod stream's settings. The
+/// baseline the benches report podstream's figures against.
+///
+/// # Panics
+/// When JetStream refuses.
+pub async fn raw_publish_limit(
+    js: &jetstream::Context,
+    n: usize,
+    size: usize,
+    window_size: usize,
+) -> f64 {
+    let mut config = streams::pods_stream("rawbench", &StreamSettings::default());
+    config.subjects = vec!["rawbench.>".into()];
+    streams::ensure(js, config)
+        .await
+        .unwrap_or_else(|e| panic!("raw publish: {e}"));
+    let payload = bytes::Bytes::from(vec![7u8; size]);
+    let mut window: VecDeque<PublishAckFuture> = VecDeque::new();
+    let started = Instant::now();
+    for i in 0..n {
+        if window.len() >= window_size {
+            if let Some(ack) = window.pop_front() {
+                ack.await.unwrap_or_else(|e| panic!("raw publish: {e}"));
+            }
+        }
+        let message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(format!("raw-{i}:1:changed"));
+        window.push_back(
+            js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message)
+                .await
+                .unwrap_or_else(|e| panic!("raw publish: {e}")),
+        );
+    }
+    for ack in window {
+        ack.await.unwrap_or_else(|e| panic!("raw publish: {e}"));
+    }
+    n as f64 / started.elapsed().as_secs_f64()
 }

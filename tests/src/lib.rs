@@ -189,3 +189,16 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("no free port: {e}"))
 }
+
+/// Resident and peak memory of process `pid`, in MB (0 when unreadable).
+pub fn rss_mb(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
