@@ -33,8 +33,8 @@ pub struct SinkArgs {
     /// Commands per transaction at most.
     #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = 500)]
     batch_size: usize,
-    /// Milliseconds a batch waits to fill.
-    #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 50)]
+    /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
+    #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 0)]
     batch_wait_ms: u64,
 }
 

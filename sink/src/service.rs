@@ -31,7 +31,7 @@ pub struct SinkConfig {
     pub consumer: String,
     /// Commands per transaction at most.
     pub batch_size: usize,
-    /// How long a batch waits to fill.
+    /// How long a batch smaller than `batch_size` waits for more (zero: not at all).
     pub batch_wait: Duration,
     /// Settings of the streams it makes sure of.
     pub streams: StreamSettings,
@@ -44,7 +44,7 @@ impl Default for SinkConfig {
             prefix: "podstream".into(),
             consumer: "podstream-sink".into(),
             batch_size: 500,
-            batch_wait: Duration::from_millis(50),
+            batch_wait: Duration::ZERO,
             streams: StreamSettings::default(),
         }
     }
@@ -83,21 +83,29 @@ pub async fn run(
         .context("creating the sink consumer")?;
     let mut summary = Summary::default();
     tokio::pin!(shutdown);
+    // A continuous pull: a batch is whatever has arrived (up to `batch_size`), so a quiet
+    // stream commits each command at once and a busy one fills batches while the previous
+    // batch commits. `batch_wait` can hold a small batch back for more.
+    let mut chunks = pull_stream(&consumer, config.batch_size).await;
     loop {
-        let batch = tokio::select! {
+        let chunk = tokio::select! {
             _ = &mut shutdown => break,
-            batch = consumer.fetch().max_messages(config.batch_size).expires(config.batch_wait.max(Duration::from_millis(10))).messages() => batch,
+            chunk = chunks.next() => chunk,
         };
-        let mut messages = match batch {
-            Ok(messages) => messages,
-            Err(error) => {
-                tracing::warn!(%error, "fetching commands failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
+        let Some(mut chunk) = chunk else {
+            tracing::warn!("the pull stream ended; pulling again");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            chunks = pull_stream(&consumer, config.batch_size).await;
+            continue;
+        };
+        if chunk.len() < config.batch_size && !config.batch_wait.is_zero() {
+            let more = tokio::time::timeout(config.batch_wait, chunks.next()).await;
+            if let Ok(Some(more)) = more {
+                chunk.extend(more);
             }
-        };
-        let mut fetched = Vec::new();
-        while let Some(message) = messages.next().await {
+        }
+        let mut fetched = Vec::with_capacity(chunk.len());
+        for message in chunk {
             match message {
                 Ok(message) => fetched.push(message),
                 Err(error) => tracing::warn!(%error, "receiving a command failed"),
@@ -139,6 +147,27 @@ pub async fn run(
     }
     tracing::info!(%summary, "sink stopped");
     Ok(summary)
+}
+
+type Chunks = futures::stream::ReadyChunks<pull::Stream>;
+
+/// The consumer's messages in chunks of what has arrived, retrying until the pull starts.
+async fn pull_stream(consumer: &jetstream::consumer::PullConsumer, batch_size: usize) -> Chunks {
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    loop {
+        match consumer
+            .stream()
+            .max_messages_per_batch(batch_size)
+            .messages()
+            .await
+        {
+            Ok(messages) => return messages.ready_chunks(batch_size.max(1)),
+            Err(error) => {
+                tracing::warn!(%error, "pulling commands failed; retrying");
+                backoff.wait().await;
+            }
+        }
+    }
 }
 
 /// Applies a batch, retrying with backoff while the database is unreachable.

@@ -39,13 +39,11 @@ fn now_s() -> f64 {
         .as_secs_f64()
 }
 
-fn pod(phase: &str, i: usize) -> (String, serde_json::Value) {
+fn pod(phase: &str, i: usize) -> serde_json::Value {
     let task = format!("{phase}-{i:06}");
-    let uid = format!("uid-{task}");
     let mut pod = WorkerPod::new(&task, "1", DAG, &task, RUN).to_json();
-    pod["metadata"]["uid"] = uid.clone().into();
     pod["status"]["phase"] = "Running".into();
-    (uid, pod)
+    pod
 }
 
 /// Creates `count` pods at `rate` per second (0 = at once); returns uid → creation time.
@@ -60,8 +58,8 @@ fn drive(cluster: Cluster, phase: &'static str, count: usize, rate: usize) -> Ha
     let mut done = 0;
     while done < count {
         for _ in 0..per_slice.min(count - done) {
-            let (uid, pod) = pod(phase, done);
-            cluster.create_pod(pod).unwrap();
+            let made = cluster.create_pod(pod(phase, done)).unwrap();
+            let uid = made["metadata"]["uid"].as_str().unwrap().to_owned();
             created.insert(uid, now_s());
             done += 1;
         }
@@ -125,6 +123,11 @@ async fn seed(db: &Database, phases: &[(&str, usize)]) {
         .await
         .unwrap();
     }
+    // As autovacuum would soon: without statistics the planner scans the whole table per TI.
+    sqlx::query("ANALYZE task_instance")
+        .execute(&db.pool)
+        .await
+        .unwrap();
 }
 
 fn main() {
@@ -195,8 +198,18 @@ fn main() {
             );
         }
         let cluster = sim.cluster().clone();
+        let probe_js = js.clone();
+        let probe = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let pods = bus::count(&probe_js, "PODSTREAM_PODS").await;
+                let commands = bus::count(&probe_js, "PODSTREAM_COMMANDS").await;
+                eprintln!("probe: pods {pods} commands {commands}");
+            }
+        });
         let created = tokio::task::spawn_blocking(move || drive(cluster, "burst", burst, 0)).await.unwrap();
         let (latencies, span) = committed(&db, &created).await;
+        probe.abort();
         let rate = burst as f64 / span;
         println!(
             "burst: {burst} pods at once, last commit after {span:.2} s = {rate:>7.0} events/s end to end ({:.2}x the raw limit); p50 {:.0} ms, p99 {:.0} ms",
