@@ -39,6 +39,7 @@ pub struct Checkpoint {
     dirty: HashMap<String, Option<Bytes>>,
     resume: Option<u64>,
     resume_dirty: bool,
+    in_flight: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Checkpoint {
@@ -69,6 +70,7 @@ impl Checkpoint {
             dirty: HashMap::new(),
             resume: None,
             resume_dirty: false,
+            in_flight: None,
         })
     }
 
@@ -152,41 +154,77 @@ impl Checkpoint {
         self.dirty.len() + usize::from(self.resume_dirty)
     }
 
-    /// Writes what changed since the last flush.
+    /// Writes what changed since the last flush, and waits for it (and for any write still
+    /// running in the background).
     pub async fn flush(&mut self) -> anyhow::Result<()> {
-        if self.dirty.is_empty() && !self.resume_dirty {
-            return Ok(());
+        if let Some(running) = self.in_flight.take() {
+            running.await.context("checkpoint writer panicked")??;
         }
-        let writes: Vec<(String, Option<Bytes>)> = self.dirty.drain().collect();
-        let kv = &self.kv;
-        let results: Vec<anyhow::Result<()>> = futures::stream::iter(writes)
-            .map(|(key, value)| async move {
-                match value {
-                    Some(value) => kv
-                        .put(&key, value)
-                        .await
-                        .map(|_| ())
-                        .with_context(|| format!("writing {key}")),
-                    None => kv
-                        .purge(&key)
-                        .await
-                        .with_context(|| format!("purging {key}")),
-                }
-            })
-            .buffer_unordered(FLUSH_CONCURRENCY)
-            .collect()
-            .await;
-        for result in results {
-            result?;
-        }
-        if self.resume_dirty
-            && let Some(rv) = self.resume
-        {
-            kv.put(RESUME_KEY, Bytes::from(rv.to_string()))
-                .await
-                .context("writing the resume revision")?;
-            self.resume_dirty = false;
-        }
-        Ok(())
+        let (writes, resume) = self.take_dirty();
+        write(self.kv.clone(), writes, resume).await
     }
+
+    /// Starts writing what changed since the last flush without waiting, so the watch loop
+    /// never stalls on the bucket. While a write runs, changes keep collecting for the next
+    /// one (writes never overlap, so a key's older value cannot land after its newer one).
+    /// Returns the error of the previous background write, if it failed.
+    pub fn flush_in_background(&mut self) -> Option<anyhow::Error> {
+        let mut failed = None;
+        if let Some(running) = self.in_flight.take() {
+            if !running.is_finished() {
+                self.in_flight = Some(running);
+                return None;
+            }
+            if let Some(Ok(Err(error))) = futures::FutureExt::now_or_never(running) {
+                failed = Some(error);
+            }
+        }
+        let (writes, resume) = self.take_dirty();
+        if !writes.is_empty() || resume.is_some() {
+            self.in_flight = Some(tokio::spawn(write(self.kv.clone(), writes, resume)));
+        }
+        failed
+    }
+
+    fn take_dirty(&mut self) -> (Vec<(String, Option<Bytes>)>, Option<u64>) {
+        let writes = self.dirty.drain().collect();
+        let resume = if self.resume_dirty { self.resume } else { None };
+        self.resume_dirty = false;
+        (writes, resume)
+    }
+}
+
+/// Writes pods' entries, then the resume revision (only once the pods it covers are written).
+async fn write(
+    kv: kv::Store,
+    writes: Vec<(String, Option<Bytes>)>,
+    resume: Option<u64>,
+) -> anyhow::Result<()> {
+    let kv = &kv;
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(writes)
+        .map(|(key, value)| async move {
+            match value {
+                Some(value) => kv
+                    .put(&key, value)
+                    .await
+                    .map(|_| ())
+                    .with_context(|| format!("writing {key}")),
+                None => kv
+                    .purge(&key)
+                    .await
+                    .with_context(|| format!("purging {key}")),
+            }
+        })
+        .buffer_unordered(FLUSH_CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
+        result?;
+    }
+    if let Some(rv) = resume {
+        kv.put(RESUME_KEY, Bytes::from(rv.to_string()))
+            .await
+            .context("writing the resume revision")?;
+    }
+    Ok(())
 }

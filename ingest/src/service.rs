@@ -382,7 +382,7 @@ impl Ingest {
     async fn checkpoint_acked(&mut self) {
         let acked = self.publisher.poll_acked().await;
         self.acked(acked);
-        if let Err(error) = self.checkpoint.flush().await {
+        if let Some(error) = self.checkpoint.flush_in_background() {
             // A stale checkpoint only means republishing (deduplicated) after a restart.
             tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry");
         }

@@ -106,6 +106,37 @@ async fn committed(db: &Database, created: &HashMap<String, f64>) -> (Vec<f64>, 
     }
 }
 
+/// Where the time goes at a low rate: simulator → pods stream (ingest), pods stream →
+/// commands stream (processor), read from JetStream's own timestamps.
+async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) {
+    let mut event_at = HashMap::new();
+    let mut ingest = Vec::new();
+    for message in bus::read_all(js, "PODSTREAM_PODS").await {
+        let event = message.pod_event();
+        let uid = event.pod.map(|p| p.uid).unwrap_or_default();
+        if let Some(made) = created.get(&uid) {
+            ingest.push((message.published - made) * 1000.0);
+            event_at.insert(uid, message.published);
+        }
+    }
+    let mut process = Vec::new();
+    for message in bus::read_all(js, "PODSTREAM_COMMANDS").await {
+        let command = <podstream_proto::Command as prost::Message>::decode(message.payload.as_ref()).unwrap();
+        let uid = command.pod.map(|p| p.uid).unwrap_or_default();
+        if let Some(at) = event_at.get(&uid) {
+            process.push((message.published - at) * 1000.0);
+        }
+    }
+    for (stage, mut values) in [("ingest", ingest), ("processor", process)] {
+        values.sort_by(f64::total_cmp);
+        println!(
+            "  {stage:>9}: p50 {:>6.1} ms, p99 {:>6.1} ms",
+            percentile(&values, 0.5),
+            percentile(&values, 0.99)
+        );
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted.get(at).copied().unwrap_or(f64::NAN)
@@ -189,6 +220,9 @@ fn main() {
             let rate = *rate;
             let created = tokio::task::spawn_blocking(move || drive(cluster, phase, count, rate)).await.unwrap();
             let (latencies, span) = committed(&db, &created).await;
+            if rate <= 1_000 {
+                stages(&js, &created).await;
+            }
             println!(
                 "paced {rate:>6}/s for {seconds} s: {count} commits in {span:.2} s = {:>7.0} events/s; latency p50 {:>6.1} ms, p99 {:>6.1} ms, max {:>6.1} ms",
                 count as f64 / span,

@@ -25,6 +25,8 @@ pub struct Stored {
     pub headers: Vec<(String, String)>,
     /// The raw payload.
     pub payload: bytes::Bytes,
+    /// When JetStream stored it, Unix seconds.
+    pub published: f64,
 }
 
 impl Stored {
@@ -113,9 +115,9 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
             .unwrap_or_else(|_| panic!("timed out reading message {} of {total}", out.len() + 1))
             .unwrap_or_else(|| panic!("stream ended early"))
             .unwrap_or_else(|e| panic!("reading: {e}"));
-        let sequence = message
+        let (sequence, published) = message
             .info()
-            .map(|i| i.stream_sequence)
+            .map(|i| (i.stream_sequence, i.published.unix_timestamp_nanos() as f64 / 1e9))
             .unwrap_or_default();
         let headers = message
             .headers
@@ -135,6 +137,7 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
             subject: message.subject.to_string(),
             headers,
             payload: message.payload.clone(),
+            published,
         });
     }
     out
