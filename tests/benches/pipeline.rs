@@ -121,7 +121,8 @@ async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) {
     }
     let mut process = Vec::new();
     for message in bus::read_all(js, "PODSTREAM_COMMANDS").await {
-        let command = <podstream_proto::Command as prost::Message>::decode(message.payload.as_ref()).unwrap();
+        let command =
+            <podstream_proto::Command as prost::Message>::decode(message.payload.as_ref()).unwrap();
         let uid = command.pod.map(|p| p.uid).unwrap_or_default();
         if let Some(at) = event_at.get(&uid) {
             process.push((message.published - at) * 1000.0);
@@ -232,18 +233,8 @@ fn main() {
             );
         }
         let cluster = sim.cluster().clone();
-        let probe_js = js.clone();
-        let probe = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let pods = bus::count(&probe_js, "PODSTREAM_PODS").await;
-                let commands = bus::count(&probe_js, "PODSTREAM_COMMANDS").await;
-                eprintln!("probe: pods {pods} commands {commands}");
-            }
-        });
         let created = tokio::task::spawn_blocking(move || drive(cluster, "burst", burst, 0)).await.unwrap();
         let (latencies, span) = committed(&db, &created).await;
-        probe.abort();
         let rate = burst as f64 / span;
         println!(
             "burst: {burst} pods at once, last commit after {span:.2} s = {rate:>7.0} events/s end to end ({:.2}x the raw limit); p50 {:.0} ms, p99 {:.0} ms",

@@ -117,7 +117,12 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
             .unwrap_or_else(|e| panic!("reading: {e}"));
         let (sequence, published) = message
             .info()
-            .map(|i| (i.stream_sequence, i.published.unix_timestamp_nanos() as f64 / 1e9))
+            .map(|i| {
+                (
+                    i.stream_sequence,
+                    i.published.unix_timestamp_nanos() as f64 / 1e9,
+                )
+            })
             .unwrap_or_default();
         let headers = message
             .headers
