@@ -230,10 +230,10 @@ pub async fn raw_publish_limit(
     let mut window: VecDeque<PublishAckFuture> = VecDeque::new();
     let started = Instant::now();
     for i in 0..n {
-        if window.len() >= window_size {
-            if let Some(ack) = window.pop_front() {
-                ack.await.unwrap_or_else(|e| panic!("raw publish: {e}"));
-            }
+        if window.len() >= window_size
+            && let Some(ack) = window.pop_front()
+        {
+            ack.await.unwrap_or_else(|e| panic!("raw publish: {e}"));
         }
         let message = PublishMessage::build()
             .payload(payload.clone())
