@@ -146,13 +146,7 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let db = Database::connect(&db_url).await?;
     let tis: Vec<SeedTi<'_>> = STORIES
         .iter()
-        .map(|s| SeedTi {
-            task_id: s.task_id,
-            map_index: -1,
-            state: Some("running"),
-            try_number: 1,
-            max_tries: s.max_tries,
-        })
+        .map(|s| SeedTi::running(s.task_id, s.max_tries))
         .collect();
     db.seed(DAG, RUN, &tis).await?;
 

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use podstream_ingest::service::{self, IngestConfig};
 
+use crate::kube_args::KubeArgs;
 use crate::stream_args::StreamArgs;
 
 /// Flags of `podstream ingest`.
@@ -17,12 +18,8 @@ pub struct IngestArgs {
     pub nats: String,
     #[command(flatten)]
     pub streams: StreamArgs,
-    /// Namespaces to watch, comma-separated; all namespaces when empty.
-    #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
-    /// kubeconfig context to use instead of the current one.
-    #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
-    pub kube_context: Option<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = 1024)]
     pub ack_window: usize,
@@ -41,13 +38,8 @@ impl IngestArgs {
         IngestConfig {
             nats_url: self.nats.clone(),
             prefix: self.streams.prefix.clone(),
-            namespaces: self
-                .namespaces
-                .iter()
-                .filter(|n| !n.is_empty())
-                .cloned()
-                .collect(),
-            kube_context: self.kube_context.clone(),
+            namespaces: self.kube.namespaces(),
+            kube_context: self.kube.kube_context.clone(),
             streams: self.streams.settings(),
             ack_window: self.ack_window,
             checkpoint_bucket: self.checkpoint_bucket.clone(),

@@ -6,6 +6,7 @@ mod decide;
 mod demo;
 mod ingest;
 mod json_stream;
+mod kube_args;
 mod lines;
 mod pipeline;
 mod process;

@@ -13,6 +13,7 @@ use podstream_sink::service::SinkConfig;
 
 use crate::db_args::DbArgs;
 use crate::decide::RulesArgs;
+use crate::kube_args::KubeArgs;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::stream_args::StreamArgs;
 
@@ -33,12 +34,8 @@ pub struct RunArgs {
     pub nats_port: u16,
     #[command(flatten)]
     pub db: DbArgs,
-    /// Namespaces to watch, comma-separated; all namespaces when empty.
-    #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
-    /// kubeconfig context to use instead of the current one.
-    #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
-    pub kube_context: Option<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
@@ -53,13 +50,8 @@ impl RunArgs {
             ingest: IngestConfig {
                 nats_url: nats_url.to_owned(),
                 prefix: prefix.clone(),
-                namespaces: self
-                    .namespaces
-                    .iter()
-                    .filter(|n| !n.is_empty())
-                    .cloned()
-                    .collect(),
-                kube_context: self.kube_context.clone(),
+                namespaces: self.kube.namespaces(),
+                kube_context: self.kube.kube_context.clone(),
                 streams: streams.clone(),
                 ..IngestConfig::default()
             },
@@ -100,7 +92,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
-        let kube = kube_client(args.kube_context.as_deref()).await?;
+        let kube = kube_client(args.kube.kube_context.as_deref()).await?;
         let db = Database::connect(&db_url).await?;
         eprintln!(
             "podstream: running ingest, processor and sink (db {})",

@@ -23,6 +23,19 @@ pub struct SeedTi<'a> {
     pub max_tries: i64,
 }
 
+impl<'a> SeedTi<'a> {
+    /// An unmapped TI running its first try.
+    pub fn running(task_id: &'a str, max_tries: i64) -> SeedTi<'a> {
+        SeedTi {
+            task_id,
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries,
+        }
+    }
+}
+
 /// A task instance row as the sink leaves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TiRow {

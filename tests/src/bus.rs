@@ -249,3 +249,35 @@ pub async fn raw_publish_limit(
     }
     n as f64 / started.elapsed().as_secs_f64()
 }
+
+/// A `PodEvent` as the ingest would publish it: pod `name` (uid `uid-<name>`) in namespace
+/// `airflow`, owned by `owner`, running try 1 of `etl/<task_id>/manual__2026-11-30`.
+pub fn pod_event(
+    task_id: &str,
+    name: &str,
+    owner: &str,
+    resource_version: u64,
+    phase: podstream_proto::v1::Phase,
+) -> PodEvent {
+    PodEvent {
+        r#type: podstream_proto::v1::EventType::Modified as i32,
+        pod: Some(podstream_proto::PodRef {
+            namespace: "airflow".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }),
+        owner: owner.into(),
+        task: Some(podstream_proto::TaskKey {
+            dag_id: "etl".into(),
+            task_id: task_id.into(),
+            run_id: "manual__2026-11-30".into(),
+            map_index: -1,
+            try_number: 1,
+            ..podstream_proto::TaskKey::default()
+        }),
+        phase: phase as i32,
+        creation_unix_ms: 1_764_000_000_000,
+        resource_version: resource_version.to_string(),
+        ..PodEvent::default()
+    }
+}

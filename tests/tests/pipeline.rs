@@ -158,13 +158,7 @@ async fn run_plays_the_seed_stories_on_postgres() {
     let db = Database::connect(&target.url).await.unwrap();
     let tis: Vec<SeedTi<'_>> = ["adopted", "retried", "failed", "twins"]
         .iter()
-        .map(|task_id| SeedTi {
-            task_id,
-            map_index: -1,
-            state: Some("running"),
-            try_number: 1,
-            max_tries: if *task_id == "failed" { 0 } else { 1 },
-        })
+        .map(|task_id| SeedTi::running(task_id, if *task_id == "failed" { 0 } else { 1 }))
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
     let run = Component::start(
@@ -241,13 +235,7 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     let names: Vec<String> = (0..TASKS).map(|i| format!("t{i}")).collect();
     let tis: Vec<SeedTi<'_>> = names
         .iter()
-        .map(|task_id| SeedTi {
-            task_id,
-            map_index: -1,
-            state: Some("running"),
-            try_number: 1,
-            max_tries: 1,
-        })
+        .map(|task_id| SeedTi::running(task_id, 1))
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
     let url = nats.url();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use podstream_processor::service::{self, ProcessConfig, ProcessStats};
-use podstream_proto::v1::{EventType, Phase, command::Kind};
-use podstream_proto::{Command, PodEvent, PodRef, TaskKey};
+use podstream_proto::v1::{Phase, command::Kind};
+use podstream_proto::{Command, PodEvent};
 use podstream_tests::bus::{self, PodFeed as Feed, Stored};
 use podstream_tests::nats::NatsServer;
 use prost::Message as _;
@@ -54,27 +54,7 @@ impl Processor {
 }
 
 fn event(name: &str, owner: &str, rv: u64, phase: Phase) -> PodEvent {
-    PodEvent {
-        r#type: EventType::Modified as i32,
-        pod: Some(PodRef {
-            namespace: "airflow".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-        }),
-        owner: owner.into(),
-        task: Some(TaskKey {
-            dag_id: "etl".into(),
-            task_id: name.into(),
-            run_id: "manual__2026-11-30".into(),
-            map_index: -1,
-            try_number: 1,
-            ..TaskKey::default()
-        }),
-        phase: phase as i32,
-        creation_unix_ms: 1_764_000_000_000,
-        resource_version: rv.to_string(),
-        ..PodEvent::default()
-    }
+    bus::pod_event(name, name, owner, rv, phase)
 }
 
 fn commands(stored: &[Stored]) -> Vec<(String, Command)> {

@@ -7,8 +7,8 @@ use std::process::Command as Process;
 use std::time::Duration;
 
 use podstream_processor::service::{self, ProcessConfig};
-use podstream_proto::v1::{ContainerWaiting, EventType, Phase};
-use podstream_proto::{Command, PodEvent, PodRef, TaskKey};
+use podstream_proto::v1::{ContainerWaiting, Phase};
+use podstream_proto::{Command, PodEvent};
 use podstream_tests::bus::{self, PodFeed};
 use podstream_tests::nats::NatsServer;
 use podstream_tests::podstream_binary;
@@ -16,27 +16,7 @@ use prost::Message as _;
 use serde_json::Value;
 
 fn event(task_id: &str, pod: &str, owner: &str, rv: u64, phase: Phase) -> PodEvent {
-    PodEvent {
-        r#type: EventType::Modified as i32,
-        pod: Some(PodRef {
-            namespace: "airflow".into(),
-            name: pod.into(),
-            uid: format!("uid-{pod}"),
-        }),
-        owner: owner.into(),
-        task: Some(TaskKey {
-            dag_id: "etl".into(),
-            task_id: task_id.into(),
-            run_id: "manual__2026-11-30".into(),
-            map_index: -1,
-            try_number: 1,
-            ..TaskKey::default()
-        }),
-        phase: phase as i32,
-        creation_unix_ms: 1_764_000_000_000,
-        resource_version: rv.to_string(),
-        ..PodEvent::default()
-    }
+    bus::pod_event(task_id, pod, owner, rv, phase)
 }
 
 /// A relabel, a success, two pods for one TI, and a pod that cannot pull its image.
