@@ -55,10 +55,7 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
         let config = args.config();
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
         let stats = service::run(config, kube, crate::signal::shutdown_signal()).await?;
-        eprintln!(
-            "ingest stopped: {} published ({} synthesized deletes), {} dead-lettered",
-            stats.published, stats.synthesized, stats.dead_lettered
-        );
+        eprintln!("ingest stopped: {stats}");
         Ok(())
     })
 }

@@ -49,10 +49,7 @@ impl Pipeline {
             let stats = ingest::run(ingest_config, kube, stopped)
                 .await
                 .context("ingest")?;
-            Ok(format!(
-                "ingest: {} published ({} synthesized deletes), {} dead-lettered",
-                stats.published, stats.synthesized, stats.dead_lettered
-            ))
+            Ok(format!("ingest: {stats}"))
         });
         let stopped = until();
         tasks.spawn(async move {

@@ -85,6 +85,16 @@ pub struct IngestStats {
     pub skipped: u64,
 }
 
+impl std::fmt::Display for IngestStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} published ({} synthesized deletes), {} dead-lettered",
+            self.published, self.synthesized, self.dead_lettered
+        )
+    }
+}
+
 /// A Kubernetes client inferred like kubectl (`KUBECONFIG`, `~/.kube/config`, in-cluster),
 /// with another context when asked.
 pub async fn kube_client(context: Option<&str>) -> anyhow::Result<kube::Client> {
