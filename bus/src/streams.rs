@@ -191,3 +191,21 @@ pub async fn ensure(js: &jetstream::Context, wanted: stream::Config) -> Result<(
         Err(error) => Err(api(Box::new(error))),
     }
 }
+
+/// Opens KV bucket `wanted.bucket`, creating it with `wanted` when it does not exist (an
+/// existing bucket is used as it is). File storage and history 1 unless `wanted` says otherwise.
+pub async fn bucket(
+    js: &jetstream::Context,
+    wanted: jetstream::kv::Config,
+) -> Result<jetstream::kv::Store, StreamError> {
+    if let Ok(store) = js.get_key_value(&wanted.bucket).await {
+        return Ok(store);
+    }
+    let name = wanted.bucket.clone();
+    js.create_key_value(wanted)
+        .await
+        .map_err(|source| StreamError::Api {
+            stream: format!("KV_{name}"),
+            source: Box::new(source),
+        })
+}

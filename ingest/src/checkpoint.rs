@@ -49,20 +49,17 @@ impl Checkpoint {
         bucket: &str,
         replicas: usize,
     ) -> anyhow::Result<Checkpoint> {
-        let kv = match js.get_key_value(bucket).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: bucket.to_owned(),
-                    description: "podstream ingest checkpoint: last published event per pod".into(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await
-                .with_context(|| format!("creating checkpoint bucket {bucket}"))?,
+        let config = kv::Config {
+            bucket: bucket.to_owned(),
+            description: "podstream ingest checkpoint: last published event per pod".into(),
+            history: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
         };
+        let kv = podstream_bus::streams::bucket(js, config)
+            .await
+            .with_context(|| format!("opening checkpoint bucket {bucket}"))?;
         Ok(Checkpoint {
             kv,
             stream: format!("KV_{bucket}"),

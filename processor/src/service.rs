@@ -219,10 +219,7 @@ pub async fn run(
 }
 
 async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow::Result<kv::Store> {
-    if let Ok(store) = js.get_key_value(&config.bucket).await {
-        return Ok(store);
-    }
-    js.create_key_value(kv::Config {
+    let wanted = kv::Config {
         bucket: config.bucket.clone(),
         description: "podstream processor: per task instance, its pods' states".into(),
         history: 1,
@@ -231,9 +228,10 @@ async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow:
         storage: stream::StorageType::File,
         num_replicas: config.streams.replicas,
         ..Default::default()
-    })
-    .await
-    .with_context(|| format!("creating KV bucket {}", config.bucket))
+    };
+    streams::bucket(js, wanted)
+        .await
+        .with_context(|| format!("opening KV bucket {}", config.bucket))
 }
 
 /// A pod event taken off the consumer.
