@@ -6,6 +6,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
+use podstream_ingest::pod_json::{Projected, project_watch_event};
 use podstream_ingest::project;
 use podstream_ingest::watch_json::{WatchItem, read_json};
 use podstream_processor::{MemoryStore, Processor, Rules};
@@ -106,50 +107,31 @@ pub fn decide_stream<R: Read>(
                 continue;
             }
         };
-        for item in read_json(value.get()) {
-            match item {
-                WatchItem::Pod { event_type, pod } => {
-                    summary.events += 1;
-                    let event = match project(event_type, &pod) {
-                        Ok(event) => event,
-                        Err(err) => {
-                            let pod = podstream_ingest::projection::pod_ref(&pod);
-                            warn!(pod = %pod, uid = %pod.uid, error = %err, "pod cannot be projected");
-                            write_line(
-                                &mut out,
-                                &CommandLine::invalid(err.to_string(), Some(pod)),
-                                &mut summary.invalid,
-                            )?;
-                            continue;
-                        }
-                    };
-                    // The in-memory store cannot fail; an event error is an invalid line.
-                    match processor.handle(&event) {
-                        Ok(commands) => {
-                            for command in &commands {
-                                write_line(
-                                    &mut out,
-                                    &CommandLine::from(command),
-                                    &mut summary.commands,
-                                )?;
-                            }
-                        }
-                        Err(err) => write_line(
-                            &mut out,
-                            &CommandLine::invalid(err.to_string(), event.pod),
-                            &mut summary.invalid,
-                        )?,
+        // Nearly every value is a pod watch event: read only what the rules need.
+        if let Some(projected) = project_watch_event(value.get()) {
+            decide_one(&mut processor, projected, &mut out, &mut summary)?;
+        } else {
+            for item in read_json(value.get()) {
+                match item {
+                    WatchItem::Pod { event_type, pod } => {
+                        let projected = project(event_type, &pod)
+                            .map_err(|err| (err, podstream_ingest::projection::pod_ref(&pod)));
+                        decide_one(&mut processor, projected, &mut out, &mut summary)?;
                     }
-                }
-                WatchItem::Bookmark { resource_version } => debug!(%resource_version, "bookmark"),
-                WatchItem::WatchError { message } => warn!(%message, "watch reported an error"),
-                WatchItem::Invalid { error, pod } => {
-                    warn!(%error, "skipping a value that is not a pod");
-                    write_line(
-                        &mut out,
-                        &CommandLine::invalid(error, pod),
-                        &mut summary.invalid,
-                    )?;
+                    WatchItem::Bookmark { resource_version } => {
+                        debug!(%resource_version, "bookmark")
+                    }
+                    WatchItem::WatchError { message } => {
+                        warn!(%message, "watch reported an error")
+                    }
+                    WatchItem::Invalid { error, pod } => {
+                        warn!(%error, "skipping a value that is not a pod");
+                        write_line(
+                            &mut out,
+                            &CommandLine::invalid(error, pod),
+                            &mut summary.invalid,
+                        )?;
+                    }
                 }
             }
         }
@@ -160,6 +142,41 @@ pub fn decide_stream<R: Read>(
     }
     out.flush().context("cannot write output")?;
     Ok(summary)
+}
+
+/// Decides one projected pod event (or reports why its pod cannot be) as lines of `out`.
+fn decide_one(
+    processor: &mut Processor<MemoryStore>,
+    projected: Projected,
+    out: &mut impl Write,
+    summary: &mut Summary,
+) -> anyhow::Result<()> {
+    summary.events += 1;
+    let event = match projected {
+        Ok(event) => event,
+        Err((err, pod)) => {
+            warn!(pod = %pod, uid = %pod.uid, error = %err, "pod cannot be projected");
+            return write_line(
+                out,
+                &CommandLine::invalid(err.to_string(), Some(pod)),
+                &mut summary.invalid,
+            );
+        }
+    };
+    // The in-memory store cannot fail; an event error is an invalid line.
+    match processor.handle(&event) {
+        Ok(commands) => {
+            for command in &commands {
+                write_line(out, &CommandLine::from(command), &mut summary.commands)?;
+            }
+            Ok(())
+        }
+        Err(err) => write_line(
+            out,
+            &CommandLine::invalid(err.to_string(), event.pod),
+            &mut summary.invalid,
+        ),
+    }
 }
 
 fn write_line(out: &mut impl Write, line: &CommandLine, counter: &mut u64) -> anyhow::Result<()> {

@@ -23,6 +23,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc rather than the system allocator: every event and command is a
+/// handful of short strings, and glibc's malloc costs the decision core a
+/// third of its time (BENCHMARKS.md, issue 2).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Airflow worker-pod events as a stream: ingest, decide, apply.
 #[derive(Debug, Parser)]
 #[command(name = "podstream", version, about, long_about = None)]

@@ -6,11 +6,14 @@
 //!   owner notices, synthesized deletes).
 //! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
 //!   checkpoint; [`service`]: `podstream ingest`, the watch loop that ties them together.
+//! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
+//!   projection needs (`decide`'s fast path).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
 
 pub mod checkpoint;
 pub mod known;
+pub mod pod_json;
 pub mod projection;
 pub mod publisher;
 pub mod service;

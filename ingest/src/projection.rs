@@ -45,6 +45,157 @@ pub enum ProjectionError {
     },
 }
 
+/// The facts of one pod that the projection reads, borrowed from wherever
+/// the pod was parsed: a k8s-openapi [`Pod`] ([`PodFacts::of`]) or JSON read
+/// leanly ([`crate::pod_json`]). One projection, [`project_facts`], for both.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodFacts<'a> {
+    /// `metadata.uid`.
+    pub uid: Option<&'a str>,
+    /// `metadata.namespace`.
+    pub namespace: Option<&'a str>,
+    /// `metadata.name`.
+    pub name: Option<&'a str>,
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<&'a str>,
+    /// `metadata.creationTimestamp`, Unix milliseconds.
+    pub creation_unix_ms: Option<i64>,
+    /// `metadata.deletionTimestamp`, Unix milliseconds.
+    pub deletion_unix_ms: Option<i64>,
+    /// The labels the rules read.
+    pub labels: Labels<'a>,
+    /// The TI key annotations; `None` when the pod has no annotations at all.
+    pub annotations: Option<KeyAnnotations<'a>>,
+    /// `status.phase`.
+    pub phase: Option<&'a str>,
+    /// `status.reason`.
+    pub status_reason: Option<&'a str>,
+    /// The name of the first container of the spec (Airflow's `base`).
+    ///
+    /// kubelet reports container statuses sorted by name, not in spec order,
+    /// so the first status is not always the base container; the status is
+    /// matched by this name, or is the first status when there is none.
+    pub first_container: Option<&'a str>,
+    /// `status.initContainerStatuses`.
+    pub init_statuses: Vec<StatusFacts<'a>>,
+    /// `status.containerStatuses`.
+    pub app_statuses: Vec<StatusFacts<'a>>,
+}
+
+/// The labels the rules read.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Labels<'a> {
+    /// [`OWNER_LABEL`].
+    pub owner: Option<&'a str>,
+    /// [`DONE_LABEL`].
+    pub done: Option<&'a str>,
+    /// [`REVOKED_LABEL`].
+    pub revoked: Option<&'a str>,
+}
+
+/// The annotations that name the task instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KeyAnnotations<'a> {
+    /// `dag_id`.
+    pub dag_id: Option<&'a str>,
+    /// `task_id`.
+    pub task_id: Option<&'a str>,
+    /// `run_id`.
+    pub run_id: Option<&'a str>,
+    /// `try_number`.
+    pub try_number: Option<&'a str>,
+    /// `map_index`.
+    pub map_index: Option<&'a str>,
+    /// `logical_date` (Airflow 3).
+    pub logical_date: Option<&'a str>,
+    /// `execution_date` (Airflow 2, pods older than run ids).
+    pub execution_date: Option<&'a str>,
+}
+
+/// One container status, as far as the rules read it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StatusFacts<'a> {
+    /// The container's name.
+    pub name: &'a str,
+    /// `state.waiting`: reason and message.
+    pub waiting: Option<(Option<&'a str>, Option<&'a str>)>,
+    /// `state.terminated`: exit code and reason.
+    pub terminated: Option<(i32, Option<&'a str>)>,
+}
+
+impl<'a> PodFacts<'a> {
+    /// The facts of a k8s-openapi `Pod`.
+    pub fn of(pod: &'a Pod) -> Self {
+        let meta = &pod.metadata;
+        let labels = meta.labels.as_ref();
+        let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
+        let annotations = meta.annotations.as_ref().map(|a| {
+            let get = |name: &str| a.get(name).map(String::as_str);
+            KeyAnnotations {
+                dag_id: get("dag_id"),
+                task_id: get("task_id"),
+                run_id: get("run_id"),
+                try_number: get("try_number"),
+                map_index: get("map_index"),
+                logical_date: get("logical_date"),
+                execution_date: get("execution_date"),
+            }
+        });
+        let status = pod.status.as_ref();
+        let statuses = |list: Option<&'a Vec<ContainerStatus>>| {
+            list.map(|l| l.iter().map(StatusFacts::of).collect())
+                .unwrap_or_default()
+        };
+        PodFacts {
+            uid: meta.uid.as_deref(),
+            namespace: meta.namespace.as_deref(),
+            name: meta.name.as_deref(),
+            resource_version: meta.resource_version.as_deref(),
+            creation_unix_ms: meta.creation_timestamp.as_ref().map(unix_ms),
+            deletion_unix_ms: meta.deletion_timestamp.as_ref().map(unix_ms),
+            labels: Labels {
+                owner: label(OWNER_LABEL),
+                done: label(DONE_LABEL),
+                revoked: label(REVOKED_LABEL),
+            },
+            annotations,
+            phase: status.and_then(|s| s.phase.as_deref()),
+            status_reason: status.and_then(|s| s.reason.as_deref()),
+            first_container: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .map(|c| c.name.as_str()),
+            init_statuses: statuses(status.and_then(|s| s.init_container_statuses.as_ref())),
+            app_statuses: statuses(status.and_then(|s| s.container_statuses.as_ref())),
+        }
+    }
+
+    /// The pod reference, with empty strings for what it lacks.
+    pub fn pod_ref(&self) -> PodRef {
+        PodRef {
+            namespace: self.namespace.unwrap_or_default().to_owned(),
+            name: self.name.unwrap_or_default().to_owned(),
+            uid: self.uid.unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+impl<'a> StatusFacts<'a> {
+    fn of(status: &'a ContainerStatus) -> Self {
+        let state = status.state.as_ref();
+        StatusFacts {
+            name: &status.name,
+            waiting: state
+                .and_then(|s| s.waiting.as_ref())
+                .map(|w| (w.reason.as_deref(), w.message.as_deref())),
+            terminated: state
+                .and_then(|s| s.terminated.as_ref())
+                .map(|t| (t.exit_code, t.reason.as_deref())),
+        }
+    }
+}
+
 /// The pod reference of `pod`, with empty strings for what it lacks.
 pub fn pod_ref(pod: &Pod) -> PodRef {
     let meta = &pod.metadata;
@@ -57,19 +208,19 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
 
 /// Projects one watch event of `pod` into a `PodEvent`.
 pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionError> {
-    let meta = &pod.metadata;
-    let uid = meta
+    project_facts(event_type, &PodFacts::of(pod))
+}
+
+/// Projects one watch event of a pod, given its facts, into a `PodEvent`.
+pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, ProjectionError> {
+    let uid = pod
         .uid
-        .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or(ProjectionError::NoUid)?;
-    let labels = meta.labels.as_ref();
-    let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
-    let owner = label(OWNER_LABEL).ok_or(ProjectionError::NoOwner)?;
-    let task = task_key(pod)?;
+    let owner = pod.labels.owner.ok_or(ProjectionError::NoOwner)?;
+    let task = task_key(pod.annotations.as_ref())?;
 
-    let status = pod.status.as_ref();
-    let phase = match status.and_then(|s| s.phase.as_deref()) {
+    let phase = match pod.phase {
         Some("Pending") => Phase::Pending,
         Some("Running") => Phase::Running,
         Some("Succeeded") => Phase::Succeeded,
@@ -77,54 +228,48 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
         Some("Unknown") => Phase::Unknown,
         _ => Phase::Unspecified,
     };
-    let init_statuses = status
-        .and_then(|s| s.init_container_statuses.as_deref())
-        .unwrap_or_default();
-    let app_statuses = status
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
+    let first_app = match pod.first_container {
+        Some(name) => pod.app_statuses.iter().find(|s| s.name == name),
+        None => pod.app_statuses.first(),
+    };
 
     Ok(PodEvent {
         r#type: event_type.into(),
         pod: Some(PodRef {
+            namespace: pod.namespace.unwrap_or_default().to_owned(),
+            name: pod.name.unwrap_or_default().to_owned(),
             uid: uid.to_owned(),
-            ..pod_ref(pod)
         }),
         owner: owner.to_owned(),
         task: Some(task),
         phase: phase.into(),
-        status_reason: status.and_then(|s| s.reason.clone()).unwrap_or_default(),
-        deletion_unix_ms: meta.deletion_timestamp.as_ref().map(unix_ms),
-        creation_unix_ms: meta.creation_timestamp.as_ref().map_or(0, unix_ms),
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
-        init_waiting: init_statuses.iter().filter_map(waiting).collect(),
-        first_app_waiting: first_app_status(pod, app_statuses).and_then(waiting),
-        terminated: init_statuses
+        status_reason: pod.status_reason.unwrap_or_default().to_owned(),
+        deletion_unix_ms: pod.deletion_unix_ms,
+        creation_unix_ms: pod.creation_unix_ms.unwrap_or(0),
+        resource_version: pod.resource_version.unwrap_or_default().to_owned(),
+        init_waiting: pod.init_statuses.iter().filter_map(waiting).collect(),
+        first_app_waiting: first_app.and_then(waiting),
+        terminated: pod
+            .init_statuses
             .iter()
-            .chain(app_statuses)
+            .chain(&pod.app_statuses)
             .filter_map(terminated)
             .collect(),
-        executor_done: is_true(label(DONE_LABEL)),
-        revoked: is_true(label(REVOKED_LABEL)),
+        executor_done: is_true(pod.labels.done),
+        revoked: is_true(pod.labels.revoked),
         synthesized: false,
     })
 }
 
 /// The TI key from annotations; labels of the same names are hashed by
 /// Airflow and never used.
-fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
-    let annotations = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .ok_or(ProjectionError::NoAnnotations)?;
-    let get = |name: &'static str| {
-        annotations
-            .get(name)
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
-    };
-    let need = |name: &'static str| get(name).ok_or(ProjectionError::MissingAnnotation(name));
+fn task_key(annotations: Option<&KeyAnnotations>) -> Result<TaskKey, ProjectionError> {
+    let annotations = annotations.ok_or(ProjectionError::NoAnnotations)?;
+    fn get(value: Option<&str>) -> Option<&str> {
+        value.map(str::trim).filter(|v| !v.is_empty())
+    }
+    let need =
+        |name: &'static str, value| get(value).ok_or(ProjectionError::MissingAnnotation(name));
     let integer = |name: &'static str, value: &str| {
         value
             .parse::<i64>()
@@ -134,14 +279,14 @@ fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
             })
     };
 
-    let dag_id = need("dag_id")?;
-    let task_id = need("task_id")?;
-    let try_number = integer("try_number", need("try_number")?)?;
-    let map_index = get("map_index").map_or(Ok(-1), |v| integer("map_index", v))?;
-    let run_id = get("run_id").unwrap_or_default();
+    let dag_id = need("dag_id", annotations.dag_id)?;
+    let task_id = need("task_id", annotations.task_id)?;
+    let try_number = integer("try_number", need("try_number", annotations.try_number)?)?;
+    let map_index = get(annotations.map_index).map_or(Ok(-1), |v| integer("map_index", v))?;
+    let run_id = get(annotations.run_id).unwrap_or_default();
     let logical_date = if run_id.is_empty() {
-        get("logical_date")
-            .or_else(|| get("execution_date"))
+        get(annotations.logical_date)
+            .or_else(|| get(annotations.execution_date))
             .ok_or(ProjectionError::NoRun)?
     } else {
         ""
@@ -156,38 +301,21 @@ fn task_key(pod: &Pod) -> Result<TaskKey, ProjectionError> {
     })
 }
 
-/// The status of the first container of the spec (Airflow's `base`).
-///
-/// kubelet reports container statuses sorted by name, not in spec order, so
-/// the first status is not always the base container; match by name and fall
-/// back to the first status when the spec is absent.
-fn first_app_status<'a>(pod: &Pod, statuses: &'a [ContainerStatus]) -> Option<&'a ContainerStatus> {
-    let first_name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .map(|c| c.name.as_str());
-    match first_name {
-        Some(name) => statuses.iter().find(|s| s.name == name),
-        None => statuses.first(),
-    }
-}
-
-fn waiting(status: &ContainerStatus) -> Option<ContainerWaiting> {
-    let waiting = status.state.as_ref()?.waiting.as_ref()?;
+fn waiting(status: &StatusFacts) -> Option<ContainerWaiting> {
+    let (reason, message) = status.waiting?;
     Some(ContainerWaiting {
-        container: status.name.clone(),
-        reason: waiting.reason.clone().unwrap_or_default(),
-        message: waiting.message.clone().unwrap_or_default(),
+        container: status.name.to_owned(),
+        reason: reason.unwrap_or_default().to_owned(),
+        message: message.unwrap_or_default().to_owned(),
     })
 }
 
-fn terminated(status: &ContainerStatus) -> Option<ContainerTerminated> {
-    let terminated = status.state.as_ref()?.terminated.as_ref()?;
+fn terminated(status: &StatusFacts) -> Option<ContainerTerminated> {
+    let (exit_code, reason) = status.terminated?;
     Some(ContainerTerminated {
-        container: status.name.clone(),
-        exit_code: terminated.exit_code,
-        reason: terminated.reason.clone().unwrap_or_default(),
+        container: status.name.to_owned(),
+        exit_code,
+        reason: reason.unwrap_or_default().to_owned(),
     })
 }
 

@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::core::v1::Pod;
+use podstream_ingest::pod_json::{Projected, project_watch_event};
+use podstream_ingest::projection::pod_ref;
 use podstream_ingest::watch_json::{WatchItem, read_json, read_value};
 use podstream_ingest::{ProjectionError, project};
 use podstream_proto::v1::{EventType, Phase};
@@ -232,6 +234,80 @@ fn typed_fast_path_agrees_with_the_generic_reader() {
     ));
 }
 
+/// What the generic path (`read_value`, k8s-openapi's `Pod`, `project`) makes of one value.
+fn generic(value: Value) -> Vec<Option<Projected>> {
+    read_value(value)
+        .into_iter()
+        .map(|item| match item {
+            WatchItem::Pod { event_type, pod } => {
+                Some(project(event_type, &pod).map_err(|err| (err, pod_ref(&pod))))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn lean_reader_agrees_with_the_generic_path_on_real_shaped_pods() {
+    let running = with(
+        with(worker_pod(), "/status/phase", json!("Running")),
+        "/status/containerStatuses",
+        json!([
+            waiting("sidecar", "ErrImagePull"),
+            waiting("base", "CreateContainerConfigError")
+        ]),
+    );
+    let failed = with(
+        with(worker_pod(), "/status/phase", json!("Failed")),
+        "/status/initContainerStatuses",
+        json!([{"name": "init", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]),
+    );
+    let deleting = with(
+        with(
+            worker_pod(),
+            "/metadata/deletionTimestamp",
+            json!("2026-11-30T10:05:00Z"),
+        ),
+        "/metadata/labels/airflow_executor_done",
+        json!("True"),
+    );
+    let escaped = with(
+        worker_pod(),
+        "/metadata/annotations/task_id",
+        json!("tâche \"q\""),
+    );
+    let no_key = with(
+        worker_pod(),
+        "/metadata/annotations",
+        json!({"dag_id": "etl"}),
+    );
+    for (kind, pod) in [
+        ("ADDED", worker_pod()),
+        ("MODIFIED", running),
+        ("MODIFIED", failed),
+        ("DELETED", deleting),
+        ("MODIFIED", escaped),
+        ("MODIFIED", no_key),
+    ] {
+        let event = json!({"type": kind, "object": pod});
+        let lean = project_watch_event(&event.to_string());
+        assert!(lean.is_some(), "the lean reader takes {event}");
+        assert_eq!(vec![lean], generic(event.clone()), "{event}");
+    }
+    // Not pod watch events: left to the generic path.
+    for other in [
+        json!({"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}}),
+        json!({"type": "ADDED", "object": {"kind": "ConfigMap", "metadata": {"name": "cm"}}}),
+        json!({"type": "ADDED", "object": {"kind": "Pod", "metadata": {"name": 42}}}),
+        json!({"type": "ADDED", "object": with(worker_pod(), "/metadata/labels/airflow-worker", Value::Null)}),
+        worker_pod(),
+        json!({"kind": "PodList", "items": [worker_pod()]}),
+    ] {
+        assert_eq!(project_watch_event(&other.to_string()), None, "{other}");
+    }
+}
+
 /// Arbitrary JSON, shaped or not like a pod.
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
@@ -289,6 +365,23 @@ proptest! {
             if let WatchItem::Pod { event_type, pod } = item {
                 let _ = project(event_type, &pod);
             }
+        }
+    }
+
+    /// Wherever the lean reader takes a mutated worker pod, it projects what the
+    /// generic path projects (the mutations touch only fields both read).
+    #[test]
+    fn lean_reader_agrees_on_mutated_worker_pods(pointer in prop_oneof![
+            Just("/metadata/annotations/try_number"), Just("/metadata/labels/airflow-worker"),
+            Just("/metadata/annotations"), Just("/metadata/labels"), Just("/status"),
+            Just("/metadata/creationTimestamp"), Just("/metadata/uid"), Just("/spec")],
+        replacement in json_value(),
+        kind in prop_oneof![Just("ADDED"), Just("MODIFIED"), Just("DELETED")]) {
+        let mut pod = worker_pod();
+        if let Some(slot) = pod.pointer_mut(pointer) { *slot = replacement; }
+        let event = json!({"type": kind, "object": pod});
+        if let Some(lean) = project_watch_event(&event.to_string()) {
+            prop_assert_eq!(vec![Some(lean)], generic(event));
         }
     }
 

@@ -30,9 +30,11 @@ pub enum Decision {
     Stale {
         /// resourceVersion of the last applied event.
         last_resource_version: String,
+        /// The prior state, handed back unchanged.
+        prior: Prior,
     },
     /// The event was applied.
-    Applied(Box<Applied>),
+    Applied(Applied),
 }
 
 /// The new state and the commands of an applied event.
@@ -62,47 +64,78 @@ pub fn identity(event: &PodEvent) -> Result<(&PodRef, &TaskKey), EventError> {
 /// Decides one event of one pod (semantics.md, in full).
 pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
     let (pod, key) = identity(event)?;
+    Ok(decide_identified(rules, event, pod, key, prior))
+}
 
+/// [`decide`] for an event whose [`identity`] the caller has already read.
+///
+/// The prior state is moved in and reused for the new one, so a pod's
+/// strings are written in place rather than reallocated on every event.
+pub fn decide_identified(
+    rules: &Rules,
+    event: &PodEvent,
+    pod: &PodRef,
+    key: &TaskKey,
+    prior: Prior,
+) -> Decision {
     if let Some(last) = &prior.pod
         && !is_newer(&event.resource_version, &last.resource_version)
     {
-        return Ok(Decision::Stale {
+        return Decision::Stale {
             last_resource_version: last.resource_version.clone(),
-        });
+            prior,
+        };
     }
 
     let deleted = event.r#type() == EventType::Deleted;
     let outcome = rules.outcome(event);
-    let pod_state = PodState {
-        task: key.clone(),
-        owner: event.owner.clone(),
-        resource_version: event.resource_version.clone(),
-        gone: deleted,
+    let Prior {
+        pod: prior_pod,
+        task: prior_task,
+    } = prior;
+    let mut relabelled_from = None;
+    let pod_state = match prior_pod {
+        Some(mut state) => {
+            if state.owner != event.owner {
+                relabelled_from = Some(std::mem::replace(&mut state.owner, event.owner.clone()));
+            }
+            if state.task != *key {
+                state.task = key.clone();
+            }
+            state.resource_version.clone_from(&event.resource_version);
+            state.gone = deleted;
+            state
+        }
+        None => PodState {
+            task: key.clone(),
+            owner: event.owner.clone(),
+            resource_version: event.resource_version.clone(),
+            gone: deleted,
+        },
     };
     // Revoked and done pods change no task state: only the order rule holds.
     if matches!(
         outcome,
         Outcome::Ignored(Ignored::Revoked | Ignored::ExecutorDone)
     ) {
-        return Ok(Decision::Applied(Box::new(Applied {
+        return Decision::Applied(Applied {
             outcome,
             pod: pod_state,
-            task: prior.task,
+            task: prior_task,
             commands: Vec::new(),
-        })));
+        });
     }
 
-    let mut task = prior.task.unwrap_or_default();
+    let mut task = prior_task.unwrap_or_default();
     upsert(&mut task, pod, event, &outcome);
     let mut commands = Vec::new();
 
     // A relabel is an ownership transfer, reported by the pod that drives the TI.
-    if let Some(from) = prior.pod.as_ref().map(|p| &p.owner)
-        && *from != event.owner
+    if let Some(from) = relabelled_from
         && chosen_uid(&task) == Some(pod.uid.as_str())
     {
         let transfer = Kind::Transfer(v1::Transfer {
-            from: from.clone(),
+            from,
             to: event.owner.clone(),
         });
         commands.push(command(
@@ -121,31 +154,43 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
     report_duplicates(&mut task, key, event, pod, &mut commands);
 
     let task = (!task.candidates.is_empty()).then_some(task);
-    Ok(Decision::Applied(Box::new(Applied {
+    Decision::Applied(Applied {
         outcome,
         pod: pod_state,
         task,
         commands,
-    })))
+    })
 }
 
 /// Records the event's facts in the pod's candidate entry, keeping what was
 /// already reported for it.
 fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) {
-    let existing = task.candidates.iter().position(|c| c.pod.uid == pod.uid);
-    let candidate = Candidate {
-        pod: pod.clone(),
-        owner: event.owner.clone(),
-        resource_version: event.resource_version.clone(),
-        phase: event.phase(),
-        terminating: event.deletion_unix_ms.is_some(),
-        created_unix_ms: event.creation_unix_ms,
-        current: outcome.clone(),
-        reported: existing.and_then(|at| task.candidates[at].reported.take()),
-    };
-    match existing {
-        Some(at) => task.candidates[at] = candidate,
-        None => task.candidates.push(candidate),
+    let terminating = event.deletion_unix_ms.is_some();
+    match task.candidates.iter_mut().find(|c| c.pod.uid == pod.uid) {
+        Some(candidate) => {
+            // In place: a known pod's strings rarely change, so this rarely allocates.
+            if candidate.pod != *pod {
+                candidate.pod = pod.clone();
+            }
+            candidate.owner.clone_from(&event.owner);
+            candidate
+                .resource_version
+                .clone_from(&event.resource_version);
+            candidate.phase = event.phase();
+            candidate.terminating = terminating;
+            candidate.created_unix_ms = event.creation_unix_ms;
+            candidate.current = outcome.clone();
+        }
+        None => task.candidates.push(Candidate {
+            pod: pod.clone(),
+            owner: event.owner.clone(),
+            resource_version: event.resource_version.clone(),
+            phase: event.phase(),
+            terminating,
+            created_unix_ms: event.creation_unix_ms,
+            current: outcome.clone(),
+            reported: None,
+        }),
     }
 }
 

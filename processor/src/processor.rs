@@ -5,9 +5,9 @@ use podstream_proto::{Command, PodEvent};
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use crate::decide::{Decision, EventError, decide, identity};
+use crate::decide::{Applied, Decision, EventError, decide_identified, identity};
 use crate::rules::{Ignored, Outcome, Rules};
-use crate::state::StateStore;
+use crate::state::{Prior, StateStore};
 
 /// Why an event could not be handled.
 #[derive(Debug, Error)]
@@ -41,28 +41,47 @@ impl<S: StateStore> Processor<S> {
     /// Decides one event and stores the new state; returns its commands.
     pub fn handle(&mut self, event: &PodEvent) -> Result<Vec<Command>, HandleError<S::Error>> {
         let (pod, key) = identity(event)?;
-        let prior = self.store.load(&pod.uid, key).map_err(HandleError::Store)?;
-        let applied = match decide(&self.rules, event, prior)? {
-            Decision::Stale {
-                last_resource_version,
-            } => {
+        let rules = &self.rules;
+        let decision = self
+            .store
+            .update(&pod.uid, key, |prior| {
+                match decide_identified(rules, event, pod, key, prior) {
+                    Decision::Stale {
+                        last_resource_version,
+                        prior,
+                    } => (prior, Err(last_resource_version)),
+                    Decision::Applied(applied) => {
+                        let Applied {
+                            outcome,
+                            pod,
+                            task,
+                            commands,
+                        } = applied;
+                        let next = Prior {
+                            pod: Some(pod),
+                            task,
+                        };
+                        (next, Ok((outcome, commands)))
+                    }
+                }
+            })
+            .map_err(HandleError::Store)?;
+        let (outcome, commands) = match decision {
+            Err(last_resource_version) => {
                 debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner,
                     resource_version = %event.resource_version, %last_resource_version, "stale event, nothing to do");
                 return Ok(Vec::new());
             }
-            Decision::Applied(applied) => applied,
+            Ok(applied) => applied,
         };
-        if let Outcome::Ignored(Ignored::UnknownPhase) = applied.outcome {
+        if let Outcome::Ignored(Ignored::UnknownPhase) = outcome {
             warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
                 "pod in a phase the rules do not know; no task state change");
         }
-        self.store
-            .save(&pod.uid, &applied.pod, key, applied.task.as_ref())
-            .map_err(HandleError::Store)?;
-        for command in &applied.commands {
+        for command in &commands {
             let kind = command.kind.as_ref().map_or("none", |k| k.name());
             debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %command.owner, kind, id = %command.id, "command");
         }
-        Ok(applied.commands)
+        Ok(commands)
     }
 }

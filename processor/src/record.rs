@@ -14,7 +14,7 @@ use podstream_proto::PodEvent;
 use podstream_proto::v1::{Command, TaskKey};
 use serde::{Deserialize, Serialize};
 
-use crate::decide::{Decision, EventError, decide, identity};
+use crate::decide::{Decision, EventError, decide_identified, identity};
 use crate::rules::Rules;
 use crate::state::{PodState, Prior, TaskState};
 
@@ -72,18 +72,26 @@ impl TaskRecord {
         event: &PodEvent,
         sequence: u64,
     ) -> Result<Vec<Command>, EventError> {
-        let (pod, _) = identity(event)?;
+        let (pod, key) = identity(event)?;
         let uid = pod.uid.clone();
         if sequence != 0 && sequence <= self.last_sequence(&uid) {
             return Ok(Vec::new());
         }
+        // The state moves out of the record and back, as in `MemoryStore`.
         let prior = Prior {
-            pod: self.pods.get(&uid).map(|p| p.state.clone()),
-            task: self.task.clone(),
+            pod: self
+                .pods
+                .get_mut(&uid)
+                .map(|p| std::mem::take(&mut p.state)),
+            task: self.task.take(),
         };
-        match decide(rules, event, prior)? {
-            Decision::Stale { .. } => {
+        match decide_identified(rules, event, pod, key, prior) {
+            Decision::Stale { prior, .. } => {
+                self.task = prior.task;
                 if let Some(record) = self.pods.get_mut(&uid) {
+                    if let Some(state) = prior.pod {
+                        record.state = state;
+                    }
                     record.sequence = record.sequence.max(sequence);
                 }
                 Ok(Vec::new())

@@ -14,7 +14,7 @@ use podstream_proto::v1::{Phase, PodRef, TaskKey};
 use crate::rules::Outcome;
 
 /// The last applied facts of one pod.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PodState {
     /// The task instance the pod runs.
     pub task: TaskKey,
@@ -68,7 +68,8 @@ pub struct Candidate {
     pub reported: Option<Outcome>,
 }
 
-/// What the rules need to know before deciding one event.
+/// What the rules need to know before deciding one event; after it, the
+/// same shape holds the state to keep for the next one.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Prior {
     /// The pod's last applied facts; `None` the first time it is seen.
@@ -79,76 +80,94 @@ pub struct Prior {
 
 /// Where the processor keeps its state between events.
 ///
-/// In memory for `podstream decide` and unit tests; JetStream KV (with
-/// compare-and-set) in the pipeline, so any instance can take over.
+/// In memory for `podstream decide` and unit tests; in the pipeline the
+/// service keeps a [`TaskRecord`](crate::record::TaskRecord) per TI in
+/// JetStream KV (with compare-and-set), so any instance can take over.
 pub trait StateStore {
     /// Why the store could not load or save.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// The prior state of pod `uid` and task `task`.
-    fn load(&self, uid: &str, task: &TaskKey) -> Result<Prior, Self::Error>;
-
-    /// Stores the state after an event; `task == None` removes the TI's
-    /// record (no pod maps to it any more).
-    fn save(
+    /// Hands the prior state of pod `uid` and task `task` to `change` and keeps
+    /// the state it returns (`task == None` forgets the TI: no pod maps to it
+    /// any more). State moves in and out, so nothing is copied.
+    fn update<T>(
         &mut self,
         uid: &str,
-        pod: &PodState,
-        key: &TaskKey,
-        task: Option<&TaskState>,
-    ) -> Result<(), Self::Error>;
+        task: &TaskKey,
+        change: impl FnOnce(Prior) -> (Prior, T),
+    ) -> Result<T, Self::Error>;
 }
 
-/// A [`StateStore`] in process memory.
+/// The hasher of the in-memory maps: much cheaper than SipHash on the
+/// short string keys (pod uids, TI keys) hashed on every event.
+type FastHash = foldhash::fast::RandomState;
+
+/// A [`StateStore`] in process memory: one entry per task instance holding
+/// its state and its pods', as the pipeline's KV record does, so an event
+/// costs one lookup.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    pods: HashMap<String, PodState>,
-    tasks: HashMap<TaskKey, TaskState>,
+    tasks: HashMap<TaskKey, TaskEntry, FastHash>,
+}
+
+/// What [`MemoryStore`] keeps for one task instance.
+#[derive(Debug, Default)]
+struct TaskEntry {
+    /// Every pod that ever mapped to the TI (deleted ones as tombstones, for
+    /// the order rule), by uid; nearly always one or two.
+    pods: Vec<(String, PodState)>,
+    /// The TI's state; `None` when no live pod maps to it.
+    task: Option<TaskState>,
 }
 
 impl MemoryStore {
     /// Number of pods and task instances remembered.
     pub fn len(&self) -> (usize, usize) {
-        (self.pods.len(), self.tasks.len())
+        let pods = self.tasks.values().map(|e| e.pods.len()).sum();
+        let tasks = self.tasks.values().filter(|e| e.task.is_some()).count();
+        (pods, tasks)
     }
 
     /// The state of task instance `key`, if any pod maps to it.
     pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
-        self.tasks.get(key)
+        self.tasks.get(key)?.task.as_ref()
     }
 
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.pods.is_empty() && self.tasks.is_empty()
+        self.tasks.is_empty()
     }
 }
 
 impl StateStore for MemoryStore {
     type Error = Infallible;
 
-    fn load(&self, uid: &str, task: &TaskKey) -> Result<Prior, Infallible> {
-        Ok(Prior {
-            pod: self.pods.get(uid).cloned(),
-            task: self.tasks.get(task).cloned(),
-        })
-    }
-
-    fn save(
+    fn update<T>(
         &mut self,
         uid: &str,
-        pod: &PodState,
         key: &TaskKey,
-        task: Option<&TaskState>,
-    ) -> Result<(), Infallible> {
-        self.pods.insert(uid.to_owned(), pod.clone());
-        match task {
-            Some(task) => {
-                self.tasks.insert(key.clone(), task.clone());
+        change: impl FnOnce(Prior) -> (Prior, T),
+    ) -> Result<T, Infallible> {
+        let entry = match self.tasks.get_mut(key) {
+            Some(entry) => entry,
+            None => self.tasks.entry(key.clone()).or_default(),
+        };
+        // Move the state out of its slots and back in: no copies.
+        let at = entry.pods.iter().position(|(u, _)| u == uid);
+        let prior = Prior {
+            pod: at.map(|at| std::mem::take(&mut entry.pods[at].1)),
+            task: entry.task.take(),
+        };
+        let (next, result) = change(prior);
+        match (at, next.pod) {
+            (Some(at), Some(pod)) => entry.pods[at].1 = pod,
+            (None, Some(pod)) => entry.pods.push((uid.to_owned(), pod)),
+            (Some(at), None) => {
+                entry.pods.swap_remove(at);
             }
-            None => {
-                self.tasks.remove(key);
-            }
+            (None, None) => {}
         }
-        Ok(())
+        entry.task = next.task;
+        Ok(result)
     }
 }
