@@ -169,11 +169,7 @@ fn main() {
     } else {
         (vec![200], 500, 1)
     };
-    let binary = if full {
-        podstream_tests::podstream_release_binary()
-    } else {
-        podstream_tests::podstream_binary().to_path_buf()
-    };
+    let binary = podstream_tests::bench_binary(full);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

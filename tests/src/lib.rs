@@ -47,6 +47,19 @@ pub fn podstream_release_binary() -> PathBuf {
     build_podstream(true)
 }
 
+/// The binary a bench runs: the release build for a measuring run (`cargo bench`), the test
+/// build for the quick check `cargo test --benches` makes.
+///
+/// # Panics
+/// When it cannot be built.
+pub fn bench_binary(measuring: bool) -> PathBuf {
+    if measuring {
+        podstream_release_binary()
+    } else {
+        podstream_binary().to_path_buf()
+    }
+}
+
 fn build_podstream(release: bool) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut args = vec![
