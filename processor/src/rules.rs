@@ -201,15 +201,22 @@ pub enum Ignored {
 }
 
 fn exit_summary(terminated: &[ContainerTerminated]) -> String {
+    use std::fmt::Write;
     if terminated.is_empty() {
         return "pod failed; no container reported an exit".to_owned();
     }
-    let parts: Vec<String> = terminated
-        .iter()
-        .map(|t| match t.reason.as_str() {
-            "" => format!("{} exited {}", t.container, t.exit_code),
-            reason => format!("{} exited {} ({reason})", t.container, t.exit_code),
-        })
-        .collect();
-    parts.join(", ")
+    // One string written in place: this runs for every failed pod.
+    let mut summary = String::new();
+    for (at, t) in terminated.iter().enumerate() {
+        let separator = if at == 0 { "" } else { ", " };
+        let _ = match t.reason.as_str() {
+            "" => write!(summary, "{separator}{} exited {}", t.container, t.exit_code),
+            reason => write!(
+                summary,
+                "{separator}{} exited {} ({reason})",
+                t.container, t.exit_code
+            ),
+        };
+    }
+    summary
 }

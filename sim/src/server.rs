@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -31,6 +32,13 @@ impl Server {
         let app = router(AppState {
             cluster: cluster.clone(),
             address: addr.to_string(),
+        });
+        // As kube-apiserver (Go's net/http sets TCP_NODELAY): without it, Nagle's algorithm
+        // holds each small watch chunk until the client's delayed ACK, tens of milliseconds.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::warn!(%error, "cannot set TCP_NODELAY on a simulator connection");
+            }
         });
         let (stop, stopped) = oneshot::channel::<()>();
         let watches = cluster.clone();
