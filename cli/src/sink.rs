@@ -36,6 +36,10 @@ pub struct SinkArgs {
     /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
     #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 0)]
     batch_wait_ms: u64,
+    /// Parallel transactions a batch is split into, by task instance, on PostgreSQL
+    /// (commands for one TI stay in one, in order). SQLite always uses one.
+    #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
+    connections: usize,
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -49,6 +53,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             consumer: args.consumer.clone(),
             batch_size: args.batch_size,
             batch_wait: Duration::from_millis(args.batch_wait_ms),
+            connections: args.connections,
             streams: args.streams.settings(),
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;

@@ -20,6 +20,9 @@ use crate::apply::{Item, Outcome};
 use crate::db::{Database, is_transient};
 use crate::summary::Summary;
 
+/// Parallel transactions per batch by default: one per core of a small database server.
+pub const DEFAULT_CONNECTIONS: usize = 2;
+
 /// How the sink runs.
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
@@ -33,6 +36,8 @@ pub struct SinkConfig {
     pub batch_size: usize,
     /// How long a batch smaller than `batch_size` waits for more (zero: not at all).
     pub batch_wait: Duration,
+    /// Transactions a batch is split into, by TI, on PostgreSQL (SQLite: always one).
+    pub connections: usize,
     /// Settings of the streams it makes sure of.
     pub streams: StreamSettings,
 }
@@ -45,6 +50,7 @@ impl Default for SinkConfig {
             consumer: "podstream-sink".into(),
             batch_size: 500,
             batch_wait: Duration::ZERO,
+            connections: DEFAULT_CONNECTIONS,
             streams: StreamSettings::default(),
         }
     }
@@ -130,7 +136,7 @@ pub async fn run(
                 }
             }
         }
-        let outcomes = apply_with_retry(&db, &items).await;
+        let outcomes = apply_with_retry(&db, &items, config.connections).await;
         for ((outcome, item), index) in outcomes.iter().zip(&items).zip(&positions) {
             let Some(message) = fetched.get(*index) else {
                 continue;
@@ -171,10 +177,10 @@ async fn pull_stream(consumer: &jetstream::consumer::PullConsumer, batch_size: u
 }
 
 /// Applies a batch, retrying with backoff while the database is unreachable.
-async fn apply_with_retry(db: &Database, items: &[Item]) -> Vec<Outcome> {
+async fn apply_with_retry(db: &Database, items: &[Item], connections: usize) -> Vec<Outcome> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     loop {
-        match db.apply_batch(items).await {
+        match db.apply_partitioned(items, connections).await {
             Ok(outcomes) => return outcomes,
             Err(error) => {
                 let transient = is_transient(&error);

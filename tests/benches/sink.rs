@@ -79,9 +79,10 @@ async fn seed(target: &AirflowDb, db: &Database, n: usize) {
 
 async fn measure(name: &str, target: AirflowDb, batched: usize, single: usize) {
     let db = Database::connect(&target.url).await.unwrap();
-    seed(&target, &db, batched + single).await;
-    let items: Vec<Item> = (0..batched + single).map(fail).collect();
-    let (batch_items, single_items) = items.split_at(batched);
+    seed(&target, &db, 2 * batched + single).await;
+    let items: Vec<Item> = (0..2 * batched + single).map(fail).collect();
+    let (batch_items, rest) = items.split_at(batched);
+    let (parallel_items, single_items) = rest.split_at(batched);
 
     let started = Instant::now();
     for chunk in single_items.chunks(1) {
@@ -96,11 +97,23 @@ async fn measure(name: &str, target: AirflowDb, batched: usize, single: usize) {
         assert!(outcomes.iter().all(|o| matches!(o, Outcome::Applied(_))));
     }
     let batch_rate = batched as f64 / started.elapsed().as_secs_f64();
+
+    // As `podstream sink` applies: batches of 500 split by TI over `CONNECTIONS` transactions.
+    let started = Instant::now();
+    for chunk in parallel_items.chunks(500) {
+        let outcomes = db.apply_partitioned(chunk, CONNECTIONS).await.unwrap();
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Applied(_))));
+    }
+    let parallel_rate = batched as f64 / started.elapsed().as_secs_f64();
     println!(
-        "{name:<10} one transaction per command {single_rate:>8.0} commands/s ({single} commands) | batches of 500 {batch_rate:>8.0} commands/s ({batched} commands) | ratio {:.1}x",
-        batch_rate / single_rate
+        "{name:<10} one transaction per command {single_rate:>8.0} commands/s ({single} commands) | batches of 500 {batch_rate:>8.0} commands/s ({batched} commands), ratio {:.1}x | over {CONNECTIONS} connections {parallel_rate:>8.0} commands/s, ratio {:.1}x",
+        batch_rate / single_rate,
+        parallel_rate / single_rate
     );
 }
+
+/// The sink's default `--connections`.
+const CONNECTIONS: usize = podstream_sink::service::DEFAULT_CONNECTIONS;
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");

@@ -71,8 +71,11 @@ impl PgCluster {
     }
 
     fn pg_ctl_start(&self) {
+        // `PODSTREAM_TEST_PG_OPTIONS` adds server options, e.g. statement logging when
+        // looking into a benchmark.
+        let extra = std::env::var("PODSTREAM_TEST_PG_OPTIONS").unwrap_or_default();
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
             self.port,
             self.dir.path().display()
         );

@@ -285,6 +285,51 @@ async fn every_rule_on_airflow_3_1_postgres() {
     every_rule(Airflow::V3_1, true, "a31_pg").await;
 }
 
+/// `podstream sink` splits a batch by TI over parallel transactions: the result is the
+/// batch's, and a TI's commands keep their order (a TI transferred, then failed: the other
+/// way round, the transfer would find the TI no longer adoptable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_split_over_connections_applies_as_one_in_each_tis_order() {
+    let (_target, db) = prepared(Airflow::V2_10, true, "split").await;
+    let mut commands = commands();
+    commands.push(command("c13", key("moved", -1, 1), fail()));
+    let items: Vec<Item> = commands
+        .into_iter()
+        .map(|command| Item {
+            command,
+            sequence: None,
+        })
+        .collect();
+    let outcomes = db.apply_partitioned(&items, 3).await.unwrap();
+    let mut expected = expected_outcomes();
+    expected.push(Outcome::Applied("up_for_retry"));
+    assert_eq!(outcomes, expected);
+    let states = states(&db).await;
+    let moved = states.iter().find(|(task, _, _)| task == "moved");
+    assert_eq!(
+        moved.map(|(_, _, state)| state.as_str()),
+        Some("up_for_retry"),
+        "moved: transferred, then failed with a retry left"
+    );
+    let job: i64 = sqlx::query(
+        "SELECT CAST(queued_by_job_id AS BIGINT) FROM task_instance WHERE task_id = 'moved'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(job, 7, "the transfer applied before the fail");
+
+    // Again over other partitions: every command is already applied.
+    let again = db.apply_partitioned(&items, 2).await.unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|o| *o == Outcome::Skipped(Skip::AlreadyApplied)),
+        "{again:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_schema_is_refused_with_its_version() {
     let target = AirflowDb::sqlite(Airflow::V2_10);
