@@ -14,6 +14,10 @@ use podstream_sink::{Database, Item, Outcome};
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::postgres::PgCluster;
 
+/// The allocator the `podstream` binary (and so `podstream sink`) uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn fail(i: usize) -> Item {
     let command = Command {
         id: format!("bench-{i}"),
