@@ -186,7 +186,10 @@ impl Database {
         connections: usize,
     ) -> Result<Vec<Outcome>, sqlx::Error> {
         let partitions = match self.backend {
-            Backend::Postgres => connections.clamp(1, items.len().max(1)),
+            // More partitions than pooled connections would only queue for them.
+            Backend::Postgres => connections
+                .min(crate::db::POOL_SIZE as usize)
+                .clamp(1, items.len().max(1)),
             Backend::Sqlite => 1,
         };
         if partitions == 1 {

@@ -54,6 +54,9 @@ pub enum DbError {
     NotAirflow(String),
 }
 
+/// Connections in a PostgreSQL pool (SQLite: one, its single writer).
+pub(crate) const POOL_SIZE: u32 = 8;
+
 /// A connected metadata database.
 #[derive(Debug, Clone)]
 pub struct Database {
@@ -131,7 +134,11 @@ impl Database {
             podstream_bus::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
         let pool = loop {
             let options = AnyPoolOptions::new()
-                .max_connections(if backend == Backend::Sqlite { 1 } else { 8 })
+                .max_connections(if backend == Backend::Sqlite {
+                    1
+                } else {
+                    POOL_SIZE
+                })
                 .acquire_timeout(Duration::from_secs(10));
             match options.connect(&url).await {
                 Ok(pool) => break pool,
