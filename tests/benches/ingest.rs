@@ -59,10 +59,7 @@ fn main() {
         (1_000, 1_000, 1)
     };
     let binary = podstream_tests::bench_binary(full);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = podstream_tests::bench_runtime();
     runtime.block_on(async move {
         let nats = NatsServer::start();
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());

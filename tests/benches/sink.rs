@@ -122,10 +122,7 @@ const CONNECTIONS: usize = podstream_sink::service::DEFAULT_CONNECTIONS;
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (batched, single) = if full { (20_000, 2_000) } else { (500, 50) };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = podstream_tests::bench_runtime();
     runtime.block_on(async {
         let pg = PgCluster::start();
         measure(

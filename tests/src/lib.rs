@@ -47,6 +47,17 @@ pub fn podstream_release_binary() -> PathBuf {
     build_podstream(true)
 }
 
+/// The multi-threaded Tokio runtime a bench's `main` runs in.
+///
+/// # Panics
+/// When the runtime cannot be built.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("building the Tokio runtime: {e}"))
+}
+
 /// The binary a bench runs: the release build for a measuring run (`cargo bench`), the test
 /// build for the quick check `cargo test --benches` makes.
 ///
