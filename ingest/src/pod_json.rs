@@ -25,7 +25,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::projection::{
     DONE_LABEL, KeyAnnotations, Labels, OWNER_LABEL, PodFacts, ProjectionError, REVOKED_LABEL,
-    StatusFacts, project_facts,
+    StatusFacts, project_facts, unix_ms,
 };
 
 /// A projected pod watch event, or why its pod cannot be projected (with the
@@ -366,8 +366,4 @@ fn text<'a>(value: &'a Option<Text<'_>>) -> Option<&'a str> {
 fn statuses<'a>(list: Option<&'a [Object<ContainerStatusJson<'_>>]>) -> Vec<StatusFacts<'a>> {
     list.map(|l| l.iter().map(|s| s.facts()).collect())
         .unwrap_or_default()
-}
-
-fn unix_ms(time: &Time) -> i64 {
-    time.0.as_millisecond()
 }

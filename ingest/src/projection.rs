@@ -213,10 +213,10 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
 
 /// Projects one watch event of a pod, given its facts, into a `PodEvent`.
 pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, ProjectionError> {
-    let uid = pod
-        .uid
-        .filter(|u| !u.is_empty())
-        .ok_or(ProjectionError::NoUid)?;
+    // Without a uid the pod's events cannot be ordered.
+    if pod.uid.is_none_or(str::is_empty) {
+        return Err(ProjectionError::NoUid);
+    }
     let owner = pod.labels.owner.ok_or(ProjectionError::NoOwner)?;
     let task = task_key(pod.annotations.as_ref())?;
 
@@ -235,11 +235,7 @@ pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, 
 
     Ok(PodEvent {
         r#type: event_type.into(),
-        pod: Some(PodRef {
-            namespace: pod.namespace.unwrap_or_default().to_owned(),
-            name: pod.name.unwrap_or_default().to_owned(),
-            uid: uid.to_owned(),
-        }),
+        pod: Some(pod.pod_ref()),
         owner: owner.to_owned(),
         task: Some(task),
         phase: phase.into(),
@@ -319,7 +315,8 @@ fn terminated(status: &StatusFacts) -> Option<ContainerTerminated> {
     })
 }
 
-fn unix_ms(time: &Time) -> i64 {
+/// A Kubernetes timestamp in Unix milliseconds.
+pub(crate) fn unix_ms(time: &Time) -> i64 {
     time.0.as_millisecond()
 }
 

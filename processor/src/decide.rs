@@ -28,9 +28,8 @@ pub enum Decision {
     /// Not newer than the last applied event of the pod (a redelivery, a
     /// replay, a re-list): nothing changes, nothing is emitted.
     Stale {
-        /// resourceVersion of the last applied event.
-        last_resource_version: String,
-        /// The prior state, handed back unchanged.
+        /// The prior state, handed back unchanged (its pod holds the
+        /// resourceVersion of the last applied event).
         prior: Prior,
     },
     /// The event was applied.
@@ -81,10 +80,7 @@ pub fn decide_identified(
     if let Some(last) = &prior.pod
         && !is_newer(&event.resource_version, &last.resource_version)
     {
-        return Decision::Stale {
-            last_resource_version: last.resource_version.clone(),
-            prior,
-        };
+        return Decision::Stale { prior };
     }
 
     let deleted = event.r#type() == EventType::Deleted;

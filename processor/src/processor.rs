@@ -46,10 +46,10 @@ impl<S: StateStore> Processor<S> {
             .store
             .update(&pod.uid, key, |prior| {
                 match decide_identified(rules, event, pod, key, prior) {
-                    Decision::Stale {
-                        last_resource_version,
-                        prior,
-                    } => (prior, Err(last_resource_version)),
+                    Decision::Stale { prior } => {
+                        let last = prior.pod.as_ref().map(|p| p.resource_version.clone());
+                        (prior, Err(last.unwrap_or_default()))
+                    }
                     Decision::Applied(applied) => {
                         let Applied {
                             outcome,

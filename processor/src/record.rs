@@ -86,7 +86,7 @@ impl TaskRecord {
             task: self.task.take(),
         };
         match decide_identified(rules, event, pod, key, prior) {
-            Decision::Stale { prior, .. } => {
+            Decision::Stale { prior } => {
                 self.task = prior.task;
                 if let Some(record) = self.pods.get_mut(&uid) {
                     if let Some(state) = prior.pod {

@@ -33,10 +33,12 @@ pub enum Outcome {
 /// tries stay in order too); commands without one all go to the first.
 fn partition_of(command: &Command, partitions: usize) -> usize {
     use std::hash::{Hash, Hasher};
-    let Some(task) = &command.task else { return 0 };
+    let Some(key) = crate::batch::key_of(command) else {
+        return 0;
+    };
     // A fixed hasher: the routing needs no secret, only spreading.
     let mut hasher = std::hash::DefaultHasher::new();
-    (&task.dag_id, &task.task_id, &task.run_id, task.map_index).hash(&mut hasher);
+    key.hash(&mut hasher);
     (hasher.finish() % partitions as u64) as usize
 }
 

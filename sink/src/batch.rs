@@ -17,9 +17,11 @@ use crate::guard::{self, Effect, Skip, TiRow, Verdict};
 /// Rows per multi-row statement (well under both databases' parameter limits).
 const ROWS: usize = 500;
 
-type Key = (String, String, String, i64);
+/// A TI key without its try: dag, task, run, map index.
+pub(crate) type Key = (String, String, String, i64);
 
-fn key_of(command: &Command) -> Option<Key> {
+/// The TI key (without the try) a command is for.
+pub(crate) fn key_of(command: &Command) -> Option<Key> {
     command.task.as_ref().map(|t| {
         (
             t.dag_id.clone(),
