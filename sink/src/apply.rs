@@ -61,6 +61,8 @@ const GUARD: &str =
 /// Every statement the sink runs, in the backend's dialect, built once.
 #[derive(Debug, Clone)]
 pub struct Statements {
+    /// The set-based statements of a batch.
+    pub(crate) set: crate::batch::SetStatements,
     seen: String,
     ti: String,
     record: String,
@@ -85,6 +87,7 @@ impl Statements {
             "UPDATE task_instance SET queued_by_job_id = $6, external_executor_id = $7, updated_at = {{now}} WHERE {GUARD}"
         );
         Statements {
+            set: crate::batch::SetStatements::new(b),
             seen: sql(b, "SELECT 1 FROM podstream_applied WHERE command_id = $1", 0),
             ti: sql(
             b,

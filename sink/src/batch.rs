@@ -5,17 +5,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use podstream_proto::Command;
 use podstream_proto::v1::command::Kind;
+use podstream_proto::{Command, TaskKey};
+use serde::Serialize;
 use sqlx::any::AnyArguments;
-use sqlx::{Any, AnyConnection, Arguments, Connection, Row};
+use sqlx::{Any, AnyConnection, Connection, Row};
 
 use crate::apply::{Item, Outcome, log_entry, sqlite_now};
 use crate::db::{Backend, Database};
 use crate::guard::{self, Effect, Skip, TiRow, Verdict};
-
-/// Rows per multi-row statement (well under both databases' parameter limits).
-const ROWS: usize = 500;
 
 /// A TI key without its try: dag, task, run, map index.
 pub(crate) type Key = (String, String, String, i64);
@@ -32,104 +30,280 @@ pub(crate) fn key_of(command: &Command) -> Option<Key> {
     })
 }
 
-/// A statement with numbered placeholders, built row by row.
-struct Multi {
+/// The set-based statements, one fixed text each: the batch's rows travel as one JSON array
+/// parameter (`json_to_recordset` on PostgreSQL, `json_each` on SQLite), so every batch
+/// reuses the statement the connection prepared for the first one, and binding costs one
+/// parameter whatever the batch size. On SQLite the batch's timestamp is a second parameter.
+#[derive(Debug, Clone)]
+pub struct SetStatements {
+    applied_ids: String,
+    ti_rows: String,
+    fail: String,
+    transfer: String,
+    log: String,
+    ti_pod: String,
+    duplicate: String,
+    applied: String,
+}
+
+/// The JSON array parameter as a table `v` with `columns` (name, PostgreSQL type).
+fn json_rows(backend: Backend, columns: &[(&str, &str)]) -> String {
+    let list = |each: &dyn Fn(&str, &str) -> String| {
+        columns
+            .iter()
+            .map(|(name, ty)| each(name, ty))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match backend {
+        Backend::Postgres => format!(
+            "json_to_recordset($1::json) AS v({})",
+            list(&|name, ty| format!("{name} {ty}"))
+        ),
+        Backend::Sqlite => format!(
+            "(SELECT {} FROM json_each(?1)) AS v",
+            list(&|name, _| format!("value ->> '{name}' AS {name}"))
+        ),
+    }
+}
+
+/// The columns of a TI key, as [`KeyRow`] writes them.
+const KEY: [(&str, &str); 4] = [
+    ("dag_id", "text"),
+    ("task_id", "text"),
+    ("run_id", "text"),
+    ("map_index", "integer"),
+];
+
+/// `KEY` and `more`.
+fn key_and(more: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    KEY.iter().chain(more).copied().collect()
+}
+
+impl SetStatements {
+    /// The statements in `backend`'s dialect.
+    pub fn new(backend: Backend) -> SetStatements {
+        let rows = |columns: &[(&str, &str)]| json_rows(backend, columns);
+        let now = match backend {
+            Backend::Postgres => "now()",
+            Backend::Sqlite => "?2",
+        };
+        let duration = match backend {
+            Backend::Postgres => {
+                "EXTRACT(EPOCH FROM (now() - task_instance.start_date))".to_owned()
+            }
+            Backend::Sqlite => {
+                format!("(julianday({now}) - julianday(task_instance.start_date)) * 86400.0")
+            }
+        };
+        // SQLite: the unary `+` keeps the planner off the state index, which it would
+        // otherwise walk as the outer loop (every running TI, each against every row).
+        let state = match backend {
+            Backend::Postgres => "task_instance.state",
+            Backend::Sqlite => "+task_instance.state",
+        };
+        let guarded = |set: String, more: &[(&'static str, &'static str)]| {
+            format!(
+                "UPDATE task_instance SET {set}
+                 FROM {} WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
+                   AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
+                   AND task_instance.try_number = v.try_number
+                   AND {state} IN ('queued', 'running', 'restarting')
+                 RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id,
+                   CAST(task_instance.map_index AS BIGINT)",
+                rows(&key_and(more))
+            )
+        };
+        SetStatements {
+            applied_ids: format!(
+                "SELECT command_id FROM podstream_applied WHERE command_id IN (SELECT v.id FROM {})",
+                rows(&[("id", "text")])
+            ),
+            // A join with the keys as a table lets both databases use the TI key's index.
+            ti_rows: format!(
+                "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
+                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT)
+                 FROM {} JOIN task_instance t ON t.dag_id = v.dag_id AND t.task_id = v.task_id
+                   AND t.run_id = v.run_id AND t.map_index = v.map_index",
+                rows(&KEY)
+            ),
+            fail: guarded(
+                format!(
+                    "state = v.new_state, end_date = {now}, duration = {duration}, updated_at = {now}"
+                ),
+                &[("try_number", "integer"), ("new_state", "text")],
+            ),
+            transfer: guarded(
+                format!(
+                    "queued_by_job_id = v.job_id, external_executor_id = v.executor_id, updated_at = {now}"
+                ),
+                &[
+                    ("try_number", "integer"),
+                    ("job_id", "integer"),
+                    ("executor_id", "text"),
+                ],
+            ),
+            log: format!(
+                "INSERT INTO log (dttm, dag_id, task_id, map_index, event, run_id, owner, extra, try_number)
+                 SELECT {now}, v.dag_id, v.task_id, v.map_index, v.event, v.run_id, 'podstream', v.extra, v.try_number
+                 FROM {}",
+                rows(&key_and(&[
+                    ("try_number", "integer"),
+                    ("event", "text"),
+                    ("extra", "text"),
+                ]))
+            ),
+            // `WHERE true`: SQLite's parser needs it between a SELECT and ON CONFLICT.
+            ti_pod: format!(
+                "INSERT INTO podstream_ti_pod (dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name, pod_uid, owner, last_command, resource_version, updated_at)
+                 SELECT v.dag_id, v.task_id, v.run_id, v.map_index, v.try_number, v.pod_namespace, v.pod_name, v.pod_uid, v.owner, v.last_command, v.resource_version, {now}
+                 FROM {} WHERE true
+                 ON CONFLICT (dag_id, task_id, run_id, map_index) DO UPDATE SET
+                   try_number = excluded.try_number, pod_namespace = excluded.pod_namespace, pod_name = excluded.pod_name,
+                   pod_uid = excluded.pod_uid, owner = excluded.owner, last_command = excluded.last_command,
+                   resource_version = excluded.resource_version, updated_at = excluded.updated_at",
+                rows(&key_and(&[
+                    ("try_number", "integer"),
+                    ("pod_namespace", "text"),
+                    ("pod_name", "text"),
+                    ("pod_uid", "text"),
+                    ("owner", "text"),
+                    ("last_command", "text"),
+                    ("resource_version", "text"),
+                ]))
+            ),
+            duplicate: format!(
+                "INSERT INTO podstream_duplicate (dag_id, task_id, run_id, map_index, try_number, chosen_uid, other_uid, other_name, recorded_at)
+                 SELECT v.dag_id, v.task_id, v.run_id, v.map_index, v.try_number, v.chosen_uid, v.other_uid, v.other_name, {now}
+                 FROM {} WHERE true ON CONFLICT DO NOTHING",
+                rows(&key_and(&[
+                    ("try_number", "integer"),
+                    ("chosen_uid", "text"),
+                    ("other_uid", "text"),
+                    ("other_name", "text"),
+                ]))
+            ),
+            applied: format!(
+                "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+                 SELECT v.id, v.sequence, v.outcome, {now} FROM {}",
+                rows(&[("id", "text"), ("sequence", "bigint"), ("outcome", "text")])
+            ),
+        }
+    }
+}
+
+/// A TI key as a JSON row.
+#[derive(Serialize)]
+struct KeyRow<'a> {
+    dag_id: &'a str,
+    task_id: &'a str,
+    run_id: &'a str,
+    map_index: i64,
+}
+
+impl<'a> KeyRow<'a> {
+    fn of((dag_id, task_id, run_id, map_index): &'a Key) -> KeyRow<'a> {
+        KeyRow {
+            dag_id,
+            task_id,
+            run_id,
+            map_index: *map_index,
+        }
+    }
+
+    fn of_task(task: &'a TaskKey) -> KeyRow<'a> {
+        KeyRow {
+            dag_id: &task.dag_id,
+            task_id: &task.task_id,
+            run_id: &task.run_id,
+            map_index: task.map_index,
+        }
+    }
+}
+
+/// A row of a guarded TI update: the key and try, then what the update sets.
+#[derive(Serialize)]
+struct UpdateRow<'a> {
+    #[serde(flatten)]
+    key: KeyRow<'a>,
+    try_number: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    new_state: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job_id: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    executor_id: Option<String>,
+}
+
+/// A `log` row.
+#[derive(Serialize)]
+struct LogRow<'a> {
+    #[serde(flatten)]
+    key: KeyRow<'a>,
+    try_number: i64,
+    event: &'a str,
+    extra: String,
+}
+
+/// A `podstream_ti_pod` row.
+#[derive(Serialize)]
+struct TiPodRow<'a> {
+    #[serde(flatten)]
+    key: KeyRow<'a>,
+    try_number: i64,
+    pod_namespace: &'a str,
+    pod_name: &'a str,
+    pod_uid: &'a str,
+    owner: &'a str,
+    last_command: &'a str,
+    resource_version: &'a str,
+}
+
+/// A `podstream_duplicate` row.
+#[derive(Serialize)]
+struct DuplicateRow<'a> {
+    #[serde(flatten)]
+    key: KeyRow<'a>,
+    try_number: i64,
+    chosen_uid: &'a str,
+    other_uid: &'a str,
+    other_name: &'a str,
+}
+
+/// A `podstream_applied` row (or, with only `id`, a lookup of one).
+#[derive(Serialize)]
+struct AppliedRow<'a> {
+    id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<Option<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<&'a str>,
+}
+
+/// One of the set statements with its rows bound, and on SQLite the batch's timestamp for
+/// the statements that write one (`?2`).
+fn set_query<'q, R: Serialize>(
     backend: Backend,
-    args: AnyArguments<'static>,
-    next: usize,
+    text: &'q str,
+    rows: &[R],
+    now: Option<&str>,
+) -> Result<sqlx::query::Query<'q, Any, AnyArguments<'q>>, sqlx::Error> {
+    let json = serde_json::to_string(rows).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    let query = sqlx::query::<Any>(text).bind(json);
+    Ok(match (backend, now) {
+        (Backend::Sqlite, Some(now)) => query.bind(now.to_owned()),
+        _ => query,
+    })
 }
 
-impl Multi {
-    fn new(backend: Backend) -> Multi {
-        Multi {
-            backend,
-            args: AnyArguments::default(),
-            next: 1,
-        }
-    }
-
-    /// The next placeholder. SQLite gets anonymous `?`s (every statement here writes its
-    /// placeholders in the order it binds them): with numbered ones, binding looks each name
-    /// up in a list as long as the statement, which made binding a 500-row statement
-    /// quadratic and a fifth of the sink's time.
-    fn placeholder(&mut self) -> String {
-        let n = self.next;
-        self.next += 1;
-        match self.backend {
-            Backend::Postgres => format!("${n}"),
-            Backend::Sqlite => "?".to_owned(),
-        }
-    }
-
-    fn text(&mut self, value: &str) -> String {
-        let _ = self.args.add(value.to_owned());
-        self.placeholder()
-    }
-
-    fn int(&mut self, value: i64) -> String {
-        let _ = self.args.add(value);
-        self.placeholder()
-    }
-
-    fn opt_int(&mut self, value: Option<i64>) -> String {
-        let _ = self.args.add(value);
-        self.placeholder()
-    }
-
-    /// A TI key and try as five placeholders.
-    fn key(&mut self, (dag_id, task_id, run_id, map_index): &Key, try_number: i64) -> String {
-        format!(
-            "{}, {}, {}, {}, {}",
-            self.text(dag_id),
-            self.text(task_id),
-            self.text(run_id),
-            self.int(*map_index),
-            self.int(try_number)
-        )
-    }
-
-    /// `now()` on PostgreSQL; on SQLite the batch's timestamp as a literal (anonymous
-    /// placeholders cannot be reused, and the text is our own clock's: digits and separators).
-    fn now(&mut self, sqlite_now: &str) -> String {
-        match self.backend {
-            Backend::Postgres => "now()".into(),
-            Backend::Sqlite => format!("'{sqlite_now}'"),
-        }
-    }
-}
-
-/// Updates the TIs listed in `values` (their key, try, then `columns`) with `set`, under the
-/// guard (same try, adoptable state); returns the keys it changed.
-async fn guarded_update(
-    conn: &mut AnyConnection,
-    m: Multi,
-    columns: &str,
-    values: &[String],
-    set: &str,
-) -> Result<Vec<Key>, sqlx::Error> {
-    let text = format!(
-        "WITH v(dag_id, task_id, run_id, map_index, try_number, {columns}) AS (VALUES {})
-         UPDATE task_instance SET {set}
-         FROM v WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
-           AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
-           AND task_instance.try_number = v.try_number
-           AND task_instance.state IN ('queued', 'running', 'restarting')
-         RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id, CAST(task_instance.map_index AS BIGINT)",
-        values.join(", ")
-    );
-    let mut changed = Vec::new();
-    for row in sqlx::query_with::<Any, _>(&text, m.args)
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        changed.push((
-            row.try_get(0)?,
-            row.try_get(1)?,
-            row.try_get(2)?,
-            row.try_get(3)?,
-        ));
-    }
-    Ok(changed)
+/// The four key columns a statement returns or selects first.
+fn key_from(row: &sqlx::any::AnyRow) -> Result<Key, sqlx::Error> {
+    Ok((
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+    ))
 }
 
 /// A TI update waiting for its round.
@@ -217,20 +391,18 @@ impl Database {
         conn: &mut AnyConnection,
         items: &[Item],
     ) -> Result<HashSet<String>, sqlx::Error> {
+        let ids: Vec<AppliedRow> = items
+            .iter()
+            .map(|i| AppliedRow {
+                id: &i.command.id,
+                sequence: None,
+                outcome: None,
+            })
+            .collect();
+        let query = set_query(self.backend, &self.sql.set.applied_ids, &ids, None)?;
         let mut found = HashSet::new();
-        for chunk in items.chunks(ROWS) {
-            let mut m = Multi::new(self.backend);
-            let list: Vec<String> = chunk.iter().map(|i| m.text(&i.command.id)).collect();
-            let text = format!(
-                "SELECT command_id FROM podstream_applied WHERE command_id IN ({})",
-                list.join(", ")
-            );
-            for row in sqlx::query_with::<Any, _>(&text, m.args)
-                .fetch_all(&mut *conn)
-                .await?
-            {
-                found.insert(row.try_get::<String, _>(0)?);
-            }
+        for row in query.fetch_all(&mut *conn).await? {
+            found.insert(row.try_get::<String, _>(0)?);
         }
         Ok(found)
     }
@@ -246,52 +418,40 @@ impl Database {
             unique.dedup();
             unique
         };
+        let key_rows: Vec<KeyRow> = keys.iter().map(KeyRow::of).collect();
+        let query = set_query(self.backend, &self.sql.set.ti_rows, &key_rows, None)?;
         let mut rows = HashMap::new();
-        for chunk in keys.chunks(ROWS) {
-            let mut m = Multi::new(self.backend);
-            let tuples: Vec<String> = chunk
-                .iter()
-                .map(|(d, t, r, i)| {
-                    format!(
-                        "({}, {}, {}, {})",
-                        m.text(d),
-                        m.text(t),
-                        m.text(r),
-                        m.int(*i)
-                    )
-                })
-                .collect();
-            // A join with the keys as a table lets both databases use the primary key; a
-            // row-value IN list makes PostgreSQL scan the table.
-            let text = format!(
-                "WITH v(dag_id, task_id, run_id, map_index) AS (VALUES {})
-                 SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
-                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT)
-                 FROM task_instance t JOIN v ON t.dag_id = v.dag_id AND t.task_id = v.task_id
-                   AND t.run_id = v.run_id AND t.map_index = v.map_index",
-                tuples.join(", ")
+        for row in query.fetch_all(&mut *conn).await? {
+            rows.insert(
+                key_from(&row)?,
+                TiRow {
+                    state: row.try_get::<Option<String>, _>(4)?,
+                    try_number: row.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
+                    max_tries: row.try_get::<Option<i64>, _>(6)?.unwrap_or(-1),
+                },
             );
-            for row in sqlx::query_with::<Any, _>(&text, m.args)
-                .fetch_all(&mut *conn)
-                .await?
-            {
-                let key = (
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                );
-                rows.insert(
-                    key,
-                    TiRow {
-                        state: row.try_get::<Option<String>, _>(4)?,
-                        try_number: row.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
-                        max_tries: row.try_get::<Option<i64>, _>(6)?.unwrap_or(-1),
-                    },
-                );
-            }
         }
         Ok(rows)
+    }
+
+    /// Runs a guarded update over `rows`; returns the keys it changed.
+    async fn guarded_update(
+        &self,
+        conn: &mut AnyConnection,
+        text: &str,
+        rows: &[UpdateRow<'_>],
+        now: &str,
+    ) -> Result<Vec<Key>, sqlx::Error> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let query = set_query(self.backend, text, rows, Some(now))?;
+        query
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(key_from)
+            .collect()
     }
 
     /// One round of TI updates (no TI twice), with their `log` rows. Updates the guard in the
@@ -304,76 +464,48 @@ impl Database {
         outcomes: &mut [Option<Outcome>],
         now: &str,
     ) -> Result<(), sqlx::Error> {
-        for chunk in round.chunks(ROWS) {
-            let (fails, transfers): (Vec<&Update>, Vec<&Update>) = chunk
-                .iter()
-                .partition(|u| matches!(u.effect, Effect::Fail { .. }));
-            let mut done: HashSet<Key> = HashSet::new();
-            if !fails.is_empty() {
-                let mut m = Multi::new(self.backend);
-                let values: Vec<String> = fails
-                    .iter()
-                    .map(|u| {
-                        let state = match u.effect {
-                            Effect::Fail { state } => state,
-                            _ => "failed",
-                        };
-                        let key = m.key(&u.key, u.try_number);
-                        format!("({key}, {})", m.text(state))
-                    })
-                    .collect();
-                let now_sql = m.now(now);
-                let duration = match self.backend {
-                    Backend::Postgres => {
-                        "EXTRACT(EPOCH FROM (now() - task_instance.start_date))".to_owned()
-                    }
-                    Backend::Sqlite => format!(
-                        "(julianday({now_sql}) - julianday(task_instance.start_date)) * 86400.0"
-                    ),
-                };
-                let set = format!(
-                    "state = v.new_state, end_date = {now_sql}, duration = {duration}, updated_at = {now_sql}"
-                );
-                done.extend(guarded_update(conn, m, "new_state", &values, &set).await?);
+        let mut fails = Vec::new();
+        let mut transfers = Vec::new();
+        for update in &round {
+            let row = |new_state, job_id: Option<i64>| UpdateRow {
+                key: KeyRow::of(&update.key),
+                try_number: update.try_number,
+                new_state,
+                job_id,
+                executor_id: job_id.map(|j| j.to_string()),
+            };
+            match update.effect {
+                Effect::Fail { state } => fails.push(row(Some(state), None)),
+                Effect::Transfer { job_id } => transfers.push(row(None, Some(job_id))),
+                Effect::Record => {}
             }
-            if !transfers.is_empty() {
-                let mut m = Multi::new(self.backend);
-                let values: Vec<String> = transfers
-                    .iter()
-                    .map(|u| {
-                        let job = match u.effect {
-                            Effect::Transfer { job_id } => job_id,
-                            _ => 0,
-                        };
-                        let key = m.key(&u.key, u.try_number);
-                        format!("({key}, {}, {})", m.int(job), m.text(&job.to_string()))
-                    })
-                    .collect();
-                let now_sql = m.now(now);
-                let set = format!(
-                    "queued_by_job_id = v.job_id, external_executor_id = v.executor_id, updated_at = {now_sql}"
-                );
-                done.extend(guarded_update(conn, m, "job_id, executor_id", &values, &set).await?);
-            }
-            let mut logged = Vec::new();
-            for update in chunk {
-                if !done.contains(&update.key) {
-                    outcomes[update.index] = Some(Outcome::Skipped(Skip::NotAdoptable(
-                        "changed meanwhile".into(),
-                    )));
-                    continue;
-                }
-                let name = match update.effect {
-                    Effect::Fail { state } => state,
-                    Effect::Transfer { .. } => "transfer",
-                    Effect::Record => "recorded",
-                };
-                outcomes[update.index] = Some(Outcome::Applied(name));
-                logged.push((update.index, name));
-            }
-            self.insert_logs(conn, items, &logged, now).await?;
         }
-        Ok(())
+        let mut done: HashSet<Key> = HashSet::new();
+        done.extend(
+            self.guarded_update(conn, &self.sql.set.fail, &fails, now)
+                .await?,
+        );
+        done.extend(
+            self.guarded_update(conn, &self.sql.set.transfer, &transfers, now)
+                .await?,
+        );
+        let mut logged = Vec::new();
+        for update in &round {
+            if !done.contains(&update.key) {
+                outcomes[update.index] = Some(Outcome::Skipped(Skip::NotAdoptable(
+                    "changed meanwhile".into(),
+                )));
+                continue;
+            }
+            let name = match update.effect {
+                Effect::Fail { state } => state,
+                Effect::Transfer { .. } => "transfer",
+                Effect::Record => "recorded",
+            };
+            outcomes[update.index] = Some(Outcome::Applied(name));
+            logged.push((update.index, name));
+        }
+        self.insert_logs(conn, items, &logged, now).await
     }
 
     async fn insert_logs(
@@ -383,38 +515,25 @@ impl Database {
         applied: &[(usize, &'static str)],
         now: &str,
     ) -> Result<(), sqlx::Error> {
-        if applied.is_empty() {
-            return Ok(());
-        }
-        let mut m = Multi::new(self.backend);
-        let now_sql = m.now(now);
-        let values: Vec<String> = applied
+        let rows: Vec<LogRow> = applied
             .iter()
             .filter_map(|(i, name)| items.get(*i).map(|item| (item, *name)))
             .filter_map(|(item, name)| {
                 let command = &item.command;
                 let task = command.task.as_ref()?;
                 let (event, extra) = log_entry(command, name)?;
-                Some(format!(
-                    "({now_sql}, {}, {}, {}, {}, {}, 'podstream', {}, {})",
-                    m.text(&task.dag_id),
-                    m.text(&task.task_id),
-                    m.int(task.map_index),
-                    m.text(event),
-                    m.text(&task.run_id),
-                    m.text(&extra.to_string()),
-                    m.int(task.try_number)
-                ))
+                Some(LogRow {
+                    key: KeyRow::of_task(task),
+                    try_number: task.try_number,
+                    event,
+                    extra: extra.to_string(),
+                })
             })
             .collect();
-        if values.is_empty() {
+        if rows.is_empty() {
             return Ok(());
         }
-        let text = format!(
-            "INSERT INTO log (dttm, dag_id, task_id, map_index, event, run_id, owner, extra, try_number) VALUES {}",
-            values.join(", ")
-        );
-        sqlx::query_with::<Any, _>(&text, m.args)
+        set_query(self.backend, &self.sql.set.log, &rows, Some(now))?
             .execute(&mut *conn)
             .await?;
         Ok(())
@@ -441,96 +560,59 @@ impl Database {
         }
         let mut chosen: Vec<usize> = latest.into_values().collect();
         chosen.sort_unstable();
-        for chunk in chosen.chunks(ROWS) {
-            let mut m = Multi::new(self.backend);
-            let now_sql = m.now(now);
-            let values: Vec<String> = chunk
-                .iter()
-                .filter_map(|i| items.get(*i))
-                .filter_map(|item| {
-                    let c = &item.command;
-                    let (task, pod) = (c.task.as_ref()?, c.pod.as_ref()?);
-                    let kind = c.kind.as_ref().map_or("unknown", Kind::name);
-                    Some(format!(
-                        "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {now_sql})",
-                        m.text(&task.dag_id),
-                        m.text(&task.task_id),
-                        m.text(&task.run_id),
-                        m.int(task.map_index),
-                        m.int(task.try_number),
-                        m.text(&pod.namespace),
-                        m.text(&pod.name),
-                        m.text(&pod.uid),
-                        m.text(&c.owner),
-                        m.text(kind),
-                        m.text(&c.resource_version)
-                    ))
+        let pods: Vec<TiPodRow> = chosen
+            .iter()
+            .filter_map(|i| items.get(*i))
+            .filter_map(|item| {
+                let c = &item.command;
+                let (task, pod) = (c.task.as_ref()?, c.pod.as_ref()?);
+                Some(TiPodRow {
+                    key: KeyRow::of_task(task),
+                    try_number: task.try_number,
+                    pod_namespace: &pod.namespace,
+                    pod_name: &pod.name,
+                    pod_uid: &pod.uid,
+                    owner: &c.owner,
+                    last_command: c.kind.as_ref().map_or("unknown", Kind::name),
+                    resource_version: &c.resource_version,
                 })
-                .collect();
-            if values.is_empty() {
-                continue;
-            }
-            let text = format!(
-                "INSERT INTO podstream_ti_pod (dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name, pod_uid, owner, last_command, resource_version, updated_at)
-                 VALUES {} ON CONFLICT (dag_id, task_id, run_id, map_index) DO UPDATE SET
-                   try_number = excluded.try_number, pod_namespace = excluded.pod_namespace, pod_name = excluded.pod_name,
-                   pod_uid = excluded.pod_uid, owner = excluded.owner, last_command = excluded.last_command,
-                   resource_version = excluded.resource_version, updated_at = excluded.updated_at",
-                values.join(", ")
-            );
-            sqlx::query_with::<Any, _>(&text, m.args)
+            })
+            .collect();
+        if !pods.is_empty() {
+            set_query(self.backend, &self.sql.set.ti_pod, &pods, Some(now))?
                 .execute(&mut *conn)
                 .await?;
         }
-        let duplicates: Vec<(&Command, &podstream_proto::PodRef)> = indexes
+        let duplicates: Vec<DuplicateRow> = indexes
             .iter()
             .filter(|i| matches!(outcomes.get(**i), Some(Outcome::Applied(_))))
             .filter_map(|i| items.get(*i))
-            .filter_map(|item| match &item.command.kind {
-                Some(Kind::Duplicate(d)) => {
-                    Some(d.others.iter().map(move |other| (&item.command, other)))
-                }
-                _ => None,
+            .filter_map(|item| {
+                let c = &item.command;
+                let task = c.task.as_ref()?;
+                let Some(Kind::Duplicate(d)) = &c.kind else {
+                    return None;
+                };
+                let chosen_uid = d.chosen.as_ref().map_or("", |p| p.uid.as_str());
+                Some(d.others.iter().map(move |other| DuplicateRow {
+                    key: KeyRow::of_task(task),
+                    try_number: task.try_number,
+                    chosen_uid,
+                    other_uid: &other.uid,
+                    other_name: &other.name,
+                }))
             })
             .flatten()
             .collect();
-        for chunk in duplicates.chunks(ROWS) {
-            let mut m = Multi::new(self.backend);
-            let now_sql = m.now(now);
-            let values: Vec<String> = chunk
-                .iter()
-                .filter_map(|(c, other)| {
-                    let task = c.task.as_ref()?;
-                    let chosen = match &c.kind {
-                        Some(Kind::Duplicate(d)) => {
-                            d.chosen.as_ref().map_or(String::new(), |p| p.uid.clone())
-                        }
-                        _ => String::new(),
-                    };
-                    Some(format!(
-                        "({}, {}, {}, {}, {}, {}, {}, {}, {now_sql})",
-                        m.text(&task.dag_id),
-                        m.text(&task.task_id),
-                        m.text(&task.run_id),
-                        m.int(task.map_index),
-                        m.int(task.try_number),
-                        m.text(&chosen),
-                        m.text(&other.uid),
-                        m.text(&other.name)
-                    ))
-                })
-                .collect();
-            if values.is_empty() {
-                continue;
-            }
-            let text = format!(
-                "INSERT INTO podstream_duplicate (dag_id, task_id, run_id, map_index, try_number, chosen_uid, other_uid, other_name, recorded_at)
-                 VALUES {} ON CONFLICT DO NOTHING",
-                values.join(", ")
-            );
-            sqlx::query_with::<Any, _>(&text, m.args)
-                .execute(&mut *conn)
-                .await?;
+        if !duplicates.is_empty() {
+            set_query(
+                self.backend,
+                &self.sql.set.duplicate,
+                &duplicates,
+                Some(now),
+            )?
+            .execute(&mut *conn)
+            .await?;
         }
         Ok(())
     }
@@ -543,7 +625,7 @@ impl Database {
         outcomes: &[Outcome],
         now: &str,
     ) -> Result<(), sqlx::Error> {
-        let recorded: Vec<(&Item, &'static str)> = items
+        let rows: Vec<AppliedRow> = items
             .iter()
             .zip(outcomes)
             .filter_map(|(item, outcome)| match outcome {
@@ -551,30 +633,18 @@ impl Database {
                 Outcome::Skipped(Skip::AlreadyApplied) | Outcome::Dead(_) => None,
                 Outcome::Skipped(skip) => Some((item, skip.name())),
             })
+            .map(|(item, name)| AppliedRow {
+                id: &item.command.id,
+                sequence: Some(item.sequence.and_then(|s| i64::try_from(s).ok())),
+                outcome: Some(name),
+            })
             .collect();
-        for chunk in recorded.chunks(ROWS) {
-            let mut m = Multi::new(self.backend);
-            let now_sql = m.now(now);
-            let values: Vec<String> = chunk
-                .iter()
-                .map(|(item, name)| {
-                    let sequence = item.sequence.and_then(|s| i64::try_from(s).ok());
-                    format!(
-                        "({}, {}, {}, {now_sql})",
-                        m.text(&item.command.id),
-                        m.opt_int(sequence),
-                        m.text(name)
-                    )
-                })
-                .collect();
-            let text = format!(
-                "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at) VALUES {}",
-                values.join(", ")
-            );
-            sqlx::query_with::<Any, _>(&text, m.args)
-                .execute(&mut *conn)
-                .await?;
+        if rows.is_empty() {
+            return Ok(());
         }
+        set_query(self.backend, &self.sql.set.applied, &rows, Some(now))?
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 }
