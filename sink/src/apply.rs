@@ -62,7 +62,7 @@ const GUARD: &str =
 #[derive(Debug, Clone)]
 pub struct Statements {
     /// The set-based statements of a batch.
-    pub(crate) set: crate::batch::SetStatements,
+    pub set: crate::batch::SetStatements,
     seen: String,
     ti: String,
     record: String,

@@ -192,6 +192,22 @@ impl SetStatements {
     }
 }
 
+impl SetStatements {
+    /// Every statement by name: `applied_ids`, `ti_rows`, `fail`, ...
+    pub fn named(&self) -> [(&'static str, &str); 8] {
+        [
+            ("applied_ids", &self.applied_ids),
+            ("ti_rows", &self.ti_rows),
+            ("fail", &self.fail),
+            ("transfer", &self.transfer),
+            ("log", &self.log),
+            ("ti_pod", &self.ti_pod),
+            ("duplicate", &self.duplicate),
+            ("applied", &self.applied),
+        ]
+    }
+}
+
 /// A TI key as a JSON row.
 #[derive(Serialize)]
 struct KeyRow<'a> {

@@ -2,8 +2,9 @@
 //!
 //! - [`guard`]: what a command may do to a task instance (the pure core).
 //! - [`db`]: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1, our tables.
-//! - [`apply`]: one transaction per batch, a savepoint per command, the command id recorded
-//!   with its effect.
+//! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
+//!   the database refuses is retried command by command under savepoints.
+//! - `batch`: a batch as a few set statements ([`SetStatements`]), rows as one JSON parameter.
 //! - [`seed`]: DAG runs and TIs written directly, and TIs read back (demo and tests only).
 //! - [`summary`]: counts of what happened, in the one line `podstream apply` prints.
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
@@ -17,4 +18,5 @@ pub mod service;
 pub mod summary;
 
 pub use apply::{Item, Outcome};
+pub use batch::SetStatements;
 pub use db::Database;

@@ -579,3 +579,36 @@ async fn a_command_the_database_refuses_is_dead_and_the_rest_of_its_batch_applie
     .await;
     assert_eq!(applied, 2, "the refused command is not recorded as applied");
 }
+
+/// SQLite plans without statistics, and once walked the state index as the outer loop of the
+/// guarded update (every running TI against every row: 34 commands/s). Every set statement
+/// must reach `task_instance` and `podstream_applied` through their keys, never a scan.
+#[tokio::test]
+async fn on_sqlite_every_set_statement_reaches_rows_through_their_keys() {
+    for airflow in [Airflow::V2_10, Airflow::V3_1] {
+        let (_target, db) = prepared(airflow, false, "plans").await;
+        for (name, text) in db.sql.set.named() {
+            let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {text}"))
+                .bind("[]")
+                .bind("2026-11-30 10:00:00.000000")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                .iter()
+                .map(|row| row.get::<String, _>(3))
+                .collect();
+            let scans: Vec<&String> = plan
+                .iter()
+                .filter(|step| {
+                    step.starts_with("SCAN task_instance")
+                        || step.starts_with("SCAN podstream_applied")
+                        || step.starts_with("SEARCH task_instance USING INDEX ti_state")
+                })
+                .collect();
+            assert!(
+                scans.is_empty(),
+                "{airflow:?} {name} scans: {plan:#?}\n{text}"
+            );
+        }
+    }
+}
