@@ -115,10 +115,20 @@ impl SetStatements {
             )
         };
         SetStatements {
-            applied_ids: format!(
-                "SELECT command_id FROM podstream_applied WHERE command_id IN (SELECT v.id FROM {})",
-                rows(&[("id", "text")])
-            ),
+            applied_ids: match backend {
+                // One primary-key probe per id whatever the statistics say: the `LIMIT`
+                // keeps PostgreSQL from turning the lookup into a join it may plan as a scan
+                // of the table (which only grows) while its statistics still call it empty.
+                Backend::Postgres => format!(
+                    "SELECT a.command_id FROM {} CROSS JOIN LATERAL
+                       (SELECT command_id FROM podstream_applied WHERE command_id = v.id LIMIT 1) a",
+                    rows(&[("id", "text")])
+                ),
+                Backend::Sqlite => format!(
+                    "SELECT command_id FROM podstream_applied WHERE command_id IN (SELECT v.id FROM {})",
+                    rows(&[("id", "text")])
+                ),
+            },
             // A join with the keys as a table lets both databases use the TI key's index.
             ti_rows: format!(
                 "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,

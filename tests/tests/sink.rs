@@ -612,3 +612,42 @@ async fn on_sqlite_every_set_statement_reaches_rows_through_their_keys() {
         }
     }
 }
+
+/// The applied-id lookup runs on every batch against a table that only grows. PostgreSQL
+/// must probe its primary key however the table looked when the connection prepared the
+/// statement: plans are made per batch (`plan_cache_mode`), and the lookup's shape leaves
+/// no room for a scan once the table has rows.
+#[tokio::test]
+async fn on_postgres_the_applied_lookup_probes_the_key_as_the_table_grows() {
+    let (_target, db) = prepared(Airflow::V2_10, true, "applied_plan").await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mode: String = sqlx::query("SHOW plan_cache_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "force_custom_plan");
+    let (name, lookup) = db.sql.set.named()[0];
+    assert_eq!(name, "applied_ids");
+    sqlx::query(
+        "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+         SELECT 'c-' || i, i, 'recorded', now() FROM generate_series(1, 20000) AS i",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let ids: Vec<serde_json::Value> = (0..500)
+        .map(|i| serde_json::json!({"id": format!("c-{}", i * 37)}))
+        .collect();
+    let plan: Vec<String> = sqlx::query(&format!("EXPLAIN {lookup}"))
+        .bind(serde_json::Value::Array(ids).to_string())
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<String, _>(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("podstream_applied_pkey"), "{plan}");
+    assert!(!plan.contains("Seq Scan on podstream_applied"), "{plan}");
+}
