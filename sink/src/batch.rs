@@ -200,9 +200,7 @@ impl SetStatements {
             ),
         }
     }
-}
 
-impl SetStatements {
     /// Every statement by name: `applied_ids`, `ti_rows`, `fail`, ...
     pub fn named(&self) -> [(&'static str, &str); 8] {
         [
@@ -296,14 +294,18 @@ struct DuplicateRow<'a> {
     other_name: &'a str,
 }
 
-/// A `podstream_applied` row (or, with only `id`, a lookup of one).
+/// A command id to look up in `podstream_applied`.
+#[derive(Serialize)]
+struct IdRow<'a> {
+    id: &'a str,
+}
+
+/// A `podstream_applied` row.
 #[derive(Serialize)]
 struct AppliedRow<'a> {
     id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sequence: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<&'a str>,
+    sequence: Option<i64>,
+    outcome: &'a str,
 }
 
 /// One of the set statements with its rows bound, and on SQLite the batch's timestamp for
@@ -417,14 +419,7 @@ impl Database {
         conn: &mut AnyConnection,
         items: &[Item],
     ) -> Result<HashSet<String>, sqlx::Error> {
-        let ids: Vec<AppliedRow> = items
-            .iter()
-            .map(|i| AppliedRow {
-                id: &i.command.id,
-                sequence: None,
-                outcome: None,
-            })
-            .collect();
+        let ids: Vec<IdRow> = items.iter().map(|i| IdRow { id: &i.command.id }).collect();
         let query = set_query(self.backend, &self.sql.set.applied_ids, &ids, None)?;
         let mut found = HashSet::new();
         for row in query.fetch_all(&mut *conn).await? {
@@ -661,8 +656,8 @@ impl Database {
             })
             .map(|(item, name)| AppliedRow {
                 id: &item.command.id,
-                sequence: Some(item.sequence.and_then(|s| i64::try_from(s).ok())),
-                outcome: Some(name),
+                sequence: item.sequence.and_then(|s| i64::try_from(s).ok()),
+                outcome: name,
             })
             .collect();
         if rows.is_empty() {
