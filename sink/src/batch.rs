@@ -475,6 +475,22 @@ impl Database {
             .collect()
     }
 
+    /// Runs one of the writing set statements over `rows`; nothing when there are none.
+    async fn write<R: Serialize>(
+        &self,
+        conn: &mut AnyConnection,
+        text: &str,
+        rows: &[R],
+        now: &str,
+    ) -> Result<(), sqlx::Error> {
+        if !rows.is_empty() {
+            set_query(self.backend, text, rows, Some(now))?
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// One round of TI updates (no TI twice), with their `log` rows. Updates the guard in the
     /// database refused (the TI changed meanwhile) become skips.
     async fn run_round(
@@ -551,13 +567,7 @@ impl Database {
                 })
             })
             .collect();
-        if rows.is_empty() {
-            return Ok(());
-        }
-        set_query(self.backend, &self.sql.set.log, &rows, Some(now))?
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
+        self.write(conn, &self.sql.set.log, &rows, now).await
     }
 
     /// The TI's current pod (the batch's last applied command per TI wins) and duplicate
@@ -599,11 +609,7 @@ impl Database {
                 })
             })
             .collect();
-        if !pods.is_empty() {
-            set_query(self.backend, &self.sql.set.ti_pod, &pods, Some(now))?
-                .execute(&mut *conn)
-                .await?;
-        }
+        self.write(conn, &self.sql.set.ti_pod, &pods, now).await?;
         let duplicates: Vec<DuplicateRow> = indexes
             .iter()
             .filter(|i| matches!(outcomes.get(**i), Some(Outcome::Applied(_))))
@@ -625,17 +631,8 @@ impl Database {
             })
             .flatten()
             .collect();
-        if !duplicates.is_empty() {
-            set_query(
-                self.backend,
-                &self.sql.set.duplicate,
-                &duplicates,
-                Some(now),
-            )?
-            .execute(&mut *conn)
-            .await?;
-        }
-        Ok(())
+        self.write(conn, &self.sql.set.duplicate, &duplicates, now)
+            .await
     }
 
     /// Every decided command id, with what became of it, in the batch's transaction.
@@ -660,12 +657,6 @@ impl Database {
                 outcome: name,
             })
             .collect();
-        if rows.is_empty() {
-            return Ok(());
-        }
-        set_query(self.backend, &self.sql.set.applied, &rows, Some(now))?
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
+        self.write(conn, &self.sql.set.applied, &rows, now).await
     }
 }
