@@ -95,15 +95,11 @@ pub fn decide_identified(
             if state.owner != event.owner {
                 relabelled_from = Some(std::mem::replace(&mut state.owner, event.owner.clone()));
             }
-            if state.task != *key {
-                state.task = key.clone();
-            }
             state.resource_version.clone_from(&event.resource_version);
             state.gone = deleted;
             state
         }
         None => PodState {
-            task: key.clone(),
             owner: event.owner.clone(),
             resource_version: event.resource_version.clone(),
             gone: deleted,

@@ -2,7 +2,8 @@
 //!
 //! Two records, both small and free of whole pods:
 //! - per pod uid, a [`PodState`]: the last resourceVersion applied (the order
-//!   rule) and the owner (transfers);
+//!   rule) and the owner (transfers); it lives under its TI's entry, so it
+//!   does not repeat the TI key;
 //! - per task instance key, a [`TaskState`]: the pods that map to it (duplicate
 //!   resolution) and what each one has reported.
 
@@ -16,8 +17,6 @@ use crate::rules::Outcome;
 /// The last applied facts of one pod.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PodState {
-    /// The task instance the pod runs.
-    pub task: TaskKey,
     /// `airflow-worker` label value at the last applied event.
     pub owner: String,
     /// resourceVersion of the last applied event.
