@@ -166,8 +166,9 @@ fn decide_one(
     // The in-memory store cannot fail; an event error is an invalid line.
     match processor.handle(&event) {
         Ok(commands) => {
-            for command in &commands {
-                write_line(out, &CommandLine::from(command), &mut summary.commands)?;
+            for command in commands {
+                let line = CommandLine::from(&command.into_command());
+                write_line(out, &line, &mut summary.commands)?;
             }
             Ok(())
         }

@@ -365,7 +365,10 @@ fn redecide(args: &ReplayArgs, events: &[PodEvent], recorded: &[Command]) -> usi
     let mut today: BTreeMap<String, Command> = BTreeMap::new();
     for event in events {
         if let Ok(commands) = processor.handle(event) {
-            today.extend(commands.into_iter().map(|c| (c.id.clone(), c)));
+            today.extend(commands.into_iter().map(|c| {
+                let c = c.into_command();
+                (c.id.clone(), c)
+            }));
         }
     }
     let then: BTreeMap<String, Command> =

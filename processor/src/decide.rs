@@ -2,9 +2,13 @@
 //! commands out. Pure: no clock, no I/O, no randomness, so `podstream decide`,
 //! the tests, a replay and every processor instance agree.
 
-use podstream_proto::v1::{self, Command, EventType, PodRef, TaskKey, command::Kind};
-use podstream_proto::{PodEvent, task::command_id};
+use std::borrow::Cow;
+
+use podstream_proto::PodEvent;
+use podstream_proto::v1::{self, EventType, PodRef, TaskKey, command::Kind};
 use thiserror::Error;
+
+use crate::command::TaskCommand;
 
 use crate::duplicates::{choose, precedence};
 use crate::order::is_newer;
@@ -22,9 +26,9 @@ pub enum EventError {
     NoTask,
 }
 
-/// The result of deciding one event.
+/// The result of deciding one event; its commands borrow from the event.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum Decision<'e> {
     /// Not newer than the last applied event of the pod (a redelivery, a
     /// replay, a re-list): nothing changes, nothing is emitted.
     Stale {
@@ -33,12 +37,12 @@ pub enum Decision {
         prior: Prior,
     },
     /// The event was applied.
-    Applied(Applied),
+    Applied(Applied<'e>),
 }
 
 /// The new state and the commands of an applied event.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Applied {
+pub struct Applied<'e> {
     /// What the event says about its TI, before duplicate resolution.
     pub outcome: Outcome,
     /// The pod's state to store.
@@ -46,7 +50,7 @@ pub struct Applied {
     /// The TI's state to store; `None` when no pod maps to it any more.
     pub task: Option<TaskState>,
     /// Commands, in the order they must be applied.
-    pub commands: Vec<Command>,
+    pub commands: Vec<TaskCommand<'e>>,
 }
 
 /// The pod and TI key an event is about: what every event must name.
@@ -61,7 +65,11 @@ pub fn identity(event: &PodEvent) -> Result<(&PodRef, &TaskKey), EventError> {
 }
 
 /// Decides one event of one pod (semantics.md, in full).
-pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision, EventError> {
+pub fn decide<'e>(
+    rules: &Rules,
+    event: &'e PodEvent,
+    prior: Prior,
+) -> Result<Decision<'e>, EventError> {
     let (pod, key) = identity(event)?;
     Ok(decide_identified(rules, event, pod, key, prior))
 }
@@ -70,13 +78,13 @@ pub fn decide(rules: &Rules, event: &PodEvent, prior: Prior) -> Result<Decision,
 ///
 /// The prior state is moved in and reused for the new one, so a pod's
 /// strings are written in place rather than reallocated on every event.
-pub fn decide_identified(
+pub fn decide_identified<'e>(
     rules: &Rules,
-    event: &PodEvent,
-    pod: &PodRef,
-    key: &TaskKey,
+    event: &'e PodEvent,
+    pod: &'e PodRef,
+    key: &'e TaskKey,
     prior: Prior,
-) -> Decision {
+) -> Decision<'e> {
     if let Some(last) = &prior.pod
         && !is_newer(&event.resource_version, &last.resource_version)
     {
@@ -130,18 +138,12 @@ pub fn decide_identified(
             from,
             to: event.owner.clone(),
         });
-        commands.push(command(
-            key,
-            pod,
-            &event.owner,
-            &event.resource_version,
-            transfer,
-        ));
+        commands.push(command(key, pod, event, transfer));
     }
-    report_chosen(&mut task, key, &mut commands);
+    report_chosen(&mut task, key, event, pod, &mut commands);
     if deleted {
         task.candidates.retain(|c| c.pod.uid != pod.uid);
-        report_chosen(&mut task, key, &mut commands);
+        report_chosen(&mut task, key, event, pod, &mut commands);
     }
     report_duplicates(&mut task, key, event, pod, &mut commands);
 
@@ -194,7 +196,13 @@ fn chosen_uid(task: &TaskState) -> Option<&str> {
 /// try is settled. Only the chosen pod drives the TI: a losing pod's failure
 /// never fails it. When the choice moves to another pod, that pod's unreported
 /// outcome is reported now, so the TI never waits on a pod that lost.
-fn report_chosen(task: &mut TaskState, key: &TaskKey, commands: &mut Vec<Command>) {
+fn report_chosen<'e>(
+    task: &mut TaskState,
+    key: &'e TaskKey,
+    event: &'e PodEvent,
+    pod: &'e PodRef,
+    commands: &mut Vec<TaskCommand<'e>>,
+) {
     if task.settled {
         return;
     }
@@ -222,25 +230,30 @@ fn report_chosen(task: &mut TaskState, key: &TaskKey, commands: &mut Vec<Command
         }),
         Outcome::Pending | Outcome::Ignored(_) => return,
     };
-    commands.push(command(
-        key,
-        &chosen.pod,
-        &chosen.owner,
-        &chosen.resource_version,
-        kind,
-    ));
+    // The event's own pod was just recorded from the event: borrow its facts.
+    commands.push(if chosen.pod.uid == pod.uid {
+        command(key, pod, event, kind)
+    } else {
+        TaskCommand {
+            task: key,
+            pod: Cow::Owned(chosen.pod.clone()),
+            owner: Cow::Owned(chosen.owner.clone()),
+            resource_version: Cow::Owned(chosen.resource_version.clone()),
+            kind,
+        }
+    });
     task.settled = chosen.current.is_terminal();
     chosen.reported = Some(chosen.current.clone());
 }
 
 /// Emits a duplicate record when the set of pods of the TI, or the chosen
 /// one, differs from the last record.
-fn report_duplicates(
+fn report_duplicates<'e>(
     task: &mut TaskState,
-    key: &TaskKey,
-    event: &PodEvent,
-    pod: &PodRef,
-    commands: &mut Vec<Command>,
+    key: &'e TaskKey,
+    event: &'e PodEvent,
+    pod: &'e PodRef,
+    commands: &mut Vec<TaskCommand<'e>>,
 ) {
     let Some(at) = choose(&task.candidates).filter(|_| task.candidates.len() > 1) else {
         task.duplicate_reported = None;
@@ -263,29 +276,22 @@ fn report_duplicates(
         chosen: Some(chosen.pod.clone()),
         others: others.iter().map(|c| c.pod.clone()).collect(),
     });
-    commands.push(command(
-        key,
-        pod,
-        &event.owner,
-        &event.resource_version,
-        duplicate,
-    ));
+    commands.push(command(key, pod, event, duplicate));
     task.duplicate_reported = Some(signature);
 }
 
-fn command(
-    key: &TaskKey,
-    pod: &PodRef,
-    owner: &str,
-    resource_version: &str,
+/// A command about the event's own pod, borrowing its facts from the event.
+fn command<'e>(
+    key: &'e TaskKey,
+    pod: &'e PodRef,
+    event: &'e PodEvent,
     kind: Kind,
-) -> Command {
-    Command {
-        id: command_id(&pod.uid, resource_version, kind.name()),
-        task: Some(key.clone()),
-        pod: Some(pod.clone()),
-        owner: owner.to_owned(),
-        resource_version: resource_version.to_owned(),
-        kind: Some(kind),
+) -> TaskCommand<'e> {
+    TaskCommand {
+        task: key,
+        pod: Cow::Borrowed(pod),
+        owner: Cow::Borrowed(&event.owner),
+        resource_version: Cow::Borrowed(&event.resource_version),
+        kind,
     }
 }

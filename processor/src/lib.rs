@@ -3,12 +3,14 @@
 //! - [`rules`]: the phase and deletion table: one event → an [`Outcome`].
 //! - [`order`]: the resourceVersion order rule.
 //! - [`duplicates`]: which pod drives a TI when several map to it.
+//! - [`command`]: [`TaskCommand`], a decided command borrowing from its event.
 //! - [`decide`](mod@decide): all of the above for one event and the prior state.
 //! - [`state`]: the per-pod and per-TI state and the [`StateStore`] trait.
 //! - [`processor`]: [`Processor`], load → decide → store.
 //! - [`record`]: the KV record of one task instance and how one event changes it (pure).
 //! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
 
+pub mod command;
 pub mod decide;
 pub mod duplicates;
 pub mod order;
@@ -18,6 +20,7 @@ pub mod rules;
 pub mod service;
 pub mod state;
 
+pub use command::TaskCommand;
 pub use decide::{Applied, Decision, EventError, decide};
 pub use processor::{HandleError, Processor};
 pub use rules::{Ignored, Outcome, Rules};

@@ -1,10 +1,11 @@
 //! The thin shell around the core: load the prior state, decide, store the
 //! new state, log what matters.
 
-use podstream_proto::{Command, PodEvent};
+use podstream_proto::PodEvent;
 use thiserror::Error;
 use tracing::{debug, warn};
 
+use crate::command::TaskCommand;
 use crate::decide::{Applied, Decision, EventError, decide_identified, identity};
 use crate::rules::{Ignored, Outcome, Rules};
 use crate::state::{Prior, StateStore};
@@ -38,8 +39,12 @@ impl<S: StateStore> Processor<S> {
         &self.store
     }
 
-    /// Decides one event and stores the new state; returns its commands.
-    pub fn handle(&mut self, event: &PodEvent) -> Result<Vec<Command>, HandleError<S::Error>> {
+    /// Decides one event and stores the new state; returns its commands,
+    /// which borrow from the event.
+    pub fn handle<'e>(
+        &mut self,
+        event: &'e PodEvent,
+    ) -> Result<Vec<TaskCommand<'e>>, HandleError<S::Error>> {
         let (pod, key) = identity(event)?;
         let rules = &self.rules;
         let decision = self
@@ -79,8 +84,8 @@ impl<S: StateStore> Processor<S> {
                 "pod in a phase the rules do not know; no task state change");
         }
         for command in &commands {
-            let kind = command.kind.as_ref().map_or("none", |k| k.name());
-            debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %command.owner, kind, id = %command.id, "command");
+            debug!(pod = %command.pod, uid = %command.pod.uid, ti = %key, owner = %command.owner,
+                kind = command.kind.name(), id = %command.id(), "command");
         }
         Ok(commands)
     }

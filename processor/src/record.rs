@@ -14,6 +14,7 @@ use podstream_proto::PodEvent;
 use podstream_proto::v1::{Command, TaskKey};
 use serde::{Deserialize, Serialize};
 
+use crate::command::TaskCommand;
 use crate::decide::{Decision, EventError, decide_identified, identity};
 use crate::rules::Rules;
 use crate::state::{PodState, Prior, TaskState};
@@ -105,7 +106,11 @@ impl TaskRecord {
                     },
                 );
                 self.task = applied.task;
-                Ok(applied.commands)
+                Ok(applied
+                    .commands
+                    .into_iter()
+                    .map(TaskCommand::into_command)
+                    .collect())
             }
         }
     }

@@ -121,7 +121,7 @@ fn command_ids_are_deterministic_and_distinct() {
         events
             .iter()
             .flat_map(|e| p.handle(e).unwrap())
-            .map(|c| c.id)
+            .map(|c| c.id())
             .collect::<Vec<_>>()
     };
     let first = ids(&events);

@@ -101,7 +101,7 @@ pub fn run(events: &[PodEvent]) -> Vec<String> {
     events
         .iter()
         .flat_map(|e| processor.handle(e).unwrap())
-        .map(|c| describe(&c))
+        .map(|c| describe(&c.into_command()))
         .collect()
 }
 
