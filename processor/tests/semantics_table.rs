@@ -125,4 +125,19 @@ fn pod_failed_names_exit_codes_and_reasons() {
     };
     assert_eq!(failure.detail, "base exited 137 (OOMKilled)");
     assert_eq!(failure.terminated.len(), 1);
+
+    // Every terminated container, in order; no parentheses without a reason.
+    let event = ev(Modified, Failed, "p", 1)
+        .exited(-1, "")
+        .exited(2, "Error");
+    let Outcome::Fail(failure) = Rules::default().outcome(&event) else {
+        panic!("not a fail")
+    };
+    assert_eq!(failure.detail, "base exited -1, base exited 2 (Error)");
+
+    let event = ev(Modified, Failed, "p", 1);
+    let Outcome::Fail(failure) = Rules::default().outcome(&event) else {
+        panic!("not a fail")
+    };
+    assert_eq!(failure.detail, "pod failed; no container reported an exit");
 }
