@@ -2,6 +2,8 @@
 //! phases, ~10% relabels, ~1% duplicate pods), side by side with baselines:
 //!
 //! - `core`: `Processor::handle` over ready `PodEvent`s;
+//! - `core_wire_commands`: the same, each command then made a wire `Command`
+//!   (what the service and `decide` do at their edge);
 //! - `core_clone_baseline`: cloning the same events, the floor of touching them;
 //! - `json_projection_core`: read each JSON line as `podstream decide` does
 //!   (only the fields the projection needs), project, decide;
@@ -141,6 +143,19 @@ fn bench(c: &mut Criterion) {
             let mut commands = 0;
             for event in &events {
                 commands += processor.handle(event).map_or(0, |c| c.len());
+            }
+            black_box(commands)
+        })
+    });
+    // What the pipeline's edge adds: every decided command made a wire `Command`.
+    group.bench_function("core_wire_commands", |b| {
+        b.iter(|| {
+            let mut processor = Processor::new(Rules::default(), MemoryStore::default());
+            let mut commands = 0;
+            for event in &events {
+                for command in processor.handle(event).into_iter().flatten() {
+                    commands += black_box(command.into_command()).id.len();
+                }
             }
             black_box(commands)
         })
