@@ -11,6 +11,7 @@ mod lines;
 mod pipeline;
 mod process;
 mod replay;
+mod retention_args;
 mod run;
 mod signal;
 mod sim;

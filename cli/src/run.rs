@@ -15,6 +15,7 @@ use crate::db_args::DbArgs;
 use crate::decide::RulesArgs;
 use crate::kube_args::KubeArgs;
 use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::retention_args::RetentionArgs;
 use crate::stream_args::StreamArgs;
 
 /// Flags of `podstream run`.
@@ -40,13 +41,16 @@ pub struct RunArgs {
     pub streams: StreamArgs,
     #[command(flatten)]
     pub rules: RulesArgs,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 }
 
 impl RunArgs {
-    fn config(&self, nats_url: &str) -> PipelineConfig {
+    fn config(&self, nats_url: &str) -> anyhow::Result<PipelineConfig> {
         let prefix = self.streams.prefix.clone();
         let streams = self.streams.settings();
-        PipelineConfig {
+        let applied_retention = self.retention.retention(streams.max_age)?;
+        Ok(PipelineConfig {
             ingest: IngestConfig {
                 nats_url: nats_url.to_owned(),
                 prefix: prefix.clone(),
@@ -66,15 +70,18 @@ impl RunArgs {
                 nats_url: nats_url.to_owned(),
                 prefix,
                 streams,
+                applied_retention,
                 ..SinkConfig::default()
             },
-        }
+        })
     }
 }
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let db_url = args.db.url_or_airflow_default()?;
+    // A refused flag stops before a local server starts.
+    args.retention.retention(args.streams.settings().max_age)?;
     let (mut local, nats_url) = match &args.nats {
         Some(url) => (None, url.clone()),
         None => {
@@ -90,6 +97,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Some(server), url)
         }
     };
+    let config = args.config(&nats_url)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
@@ -98,7 +106,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             "podstream: running ingest, processor and sink (db {})",
             podstream_sink::db::redacted(&db_url)
         );
-        let summaries = Pipeline::start(args.config(&nats_url), kube, db)
+        let summaries = Pipeline::start(config, kube, db)
             .run_until(crate::signal::shutdown_signal())
             .await?;
         for summary in summaries {

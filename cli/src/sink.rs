@@ -8,6 +8,7 @@ use podstream_sink::Database;
 use podstream_sink::service::{self, SinkConfig};
 
 use crate::db_args::DbArgs;
+use crate::retention_args::RetentionArgs;
 use crate::stream_args::StreamArgs;
 
 /// Flags of `podstream sink`.
@@ -40,11 +41,15 @@ pub struct SinkArgs {
     /// (commands for one TI stay in one, in order). SQLite always uses one.
     #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
     connections: usize,
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    let streams = args.streams.settings();
+    let applied_retention = args.retention.retention(streams.max_age)?;
     runtime.block_on(async {
         let db = Database::connect(&args.db.url()?).await?;
         let config = SinkConfig {
@@ -54,7 +59,8 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             batch_size: args.batch_size,
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             connections: args.connections,
-            streams: args.streams.settings(),
+            streams,
+            applied_retention,
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;
         eprintln!("sink stopped: {summary}");

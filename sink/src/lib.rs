@@ -5,6 +5,7 @@
 //! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
 //!   the database refuses is retried command by command under savepoints.
 //! - `batch`: a batch as a few set statements ([`SetStatements`]), rows as one JSON parameter.
+//! - [`retention`]: how long `podstream_applied` keeps ids, and pruning the older ones.
 //! - [`seed`]: DAG runs and TIs written directly, and TIs read back (demo and tests only).
 //! - [`summary`]: counts of what happened, in the one line `podstream apply` prints.
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
@@ -13,6 +14,7 @@ pub mod apply;
 mod batch;
 pub mod db;
 pub mod guard;
+pub mod retention;
 pub mod seed;
 pub mod service;
 pub mod summary;

@@ -40,6 +40,10 @@ pub struct SinkConfig {
     pub connections: usize,
     /// Settings of the streams it makes sure of.
     pub streams: StreamSettings,
+    /// How long `podstream_applied` keeps command ids (`None`: forever); see [`retention`].
+    ///
+    /// [`retention`]: crate::retention
+    pub applied_retention: Option<Duration>,
 }
 
 impl Default for SinkConfig {
@@ -52,6 +56,12 @@ impl Default for SinkConfig {
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
             streams: StreamSettings::default(),
+            applied_retention: crate::retention::applied_retention(
+                None,
+                StreamSettings::default().max_age,
+            )
+            .ok()
+            .flatten(),
         }
     }
 }
@@ -87,6 +97,9 @@ pub async fn run(
         )
         .await
         .context("creating the sink consumer")?;
+    let pruner = config
+        .applied_retention
+        .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
     tokio::pin!(shutdown);
     // A continuous pull: a batch is whatever has arrived (up to `batch_size`), so a quiet
@@ -150,6 +163,9 @@ pub async fn run(
             summary.add(outcome);
             ack(message).await;
         }
+    }
+    if let Some(pruner) = pruner {
+        pruner.abort();
     }
     tracing::info!(%summary, "sink stopped");
     Ok(summary)

@@ -450,6 +450,15 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
     );
     let fresh = command("c-fresh", key("twins", -1, 1), fail());
     publish(&js, &[bad, fresh]).await;
+    // An id applied longer ago than the default retention (the stream's week and a day):
+    // the sink prunes it when it starts.
+    sqlx::query(
+        "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+         VALUES ('c-ancient', 0, 'recorded', strftime('%Y-%m-%d %H:%M:%f', 'now', '-9 days'))",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
 
     let (task, stop) = start_sink(&nats.url(), db.clone());
     wait_for(
@@ -458,6 +467,16 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
         1,
     )
     .await;
+    let ancient =
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id = 'c-ancient'";
+    let started = std::time::Instant::now();
+    while count(&db, ancient).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the old id was never pruned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     bus::settle(
         &js,
         "PODSTREAM_DEAD",
@@ -650,4 +669,72 @@ async fn on_postgres_the_applied_lookup_probes_the_key_as_the_table_grows() {
     let plan = plan.join("\n");
     assert!(plan.contains("podstream_applied_pkey"), "{plan}");
     assert!(!plan.contains("Seq Scan on podstream_applied"), "{plan}");
+}
+
+/// Pruning `podstream_applied` forgets exactly the ids applied longer ago than the
+/// retention, however many there are (several chunks), and keeps the rest.
+async fn pruning(postgres: bool, name: &str) {
+    let (_target, db) = prepared(Airflow::V2_10, postgres, name).await;
+    let items: Vec<Item> = commands()
+        .into_iter()
+        .map(|command| Item {
+            command,
+            sequence: None,
+        })
+        .collect();
+    db.apply_batch(&items).await.unwrap();
+    let all = "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied";
+    let recent = count(&db, all).await;
+    assert!(recent > 0, "{name}: the batch recorded its ids");
+
+    // 25,000 ids applied ten days ago: more than two chunks of the prune.
+    let old = 25_000;
+    let insert_old = if postgres {
+        format!(
+            "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+             SELECT 'old-' || i, i, 'recorded', now() - interval '10 days' FROM generate_series(1, {old}) AS i"
+        )
+    } else {
+        format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {old})
+             INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+             SELECT 'old-' || i, i, 'recorded', strftime('%Y-%m-%d %H:%M:%f', 'now', '-10 days') FROM n"
+        )
+    };
+    sqlx::query(&insert_old).execute(&db.pool).await.unwrap();
+    // And one just inside a week: kept.
+    let inside = if postgres {
+        "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+         VALUES ('six-days', 0, 'recorded', now() - interval '6 days')"
+    } else {
+        "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)
+         VALUES ('six-days', 0, 'recorded', strftime('%Y-%m-%d %H:%M:%f', 'now', '-6 days'))"
+    };
+    sqlx::query(inside).execute(&db.pool).await.unwrap();
+
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(db.prune_applied(week).await.unwrap(), old as u64, "{name}");
+    assert_eq!(
+        count(&db, all).await,
+        recent + 1,
+        "{name}: the recent ids stay"
+    );
+    let old_left =
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id LIKE 'old-%'";
+    assert_eq!(count(&db, old_left).await, 0, "{name}");
+    assert_eq!(
+        db.prune_applied(week).await.unwrap(),
+        0,
+        "{name}: nothing more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_forgets_only_ids_older_than_the_retention_on_sqlite() {
+    pruning(false, "prune_sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_forgets_only_ids_older_than_the_retention_on_postgres() {
+    pruning(true, "prune_pg").await;
 }
