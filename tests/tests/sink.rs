@@ -157,6 +157,17 @@ fn expected_states() -> Vec<(String, i64, String)> {
     .collect()
 }
 
+/// Commands as the sink takes them, without stream sequences.
+fn items(commands: Vec<Command>) -> Vec<Item> {
+    commands
+        .into_iter()
+        .map(|command| Item {
+            command,
+            sequence: None,
+        })
+        .collect()
+}
+
 async fn prepared(airflow: Airflow, postgres: bool, name: &str) -> (AirflowDb, Database) {
     podstream_tests::init_tracing();
     let target = if postgres {
@@ -194,13 +205,7 @@ async fn count(db: &Database, sql: &str) -> i64 {
 
 async fn every_rule(airflow: Airflow, postgres: bool, name: &str) {
     let (target, db) = prepared(airflow, postgres, name).await;
-    let items: Vec<Item> = commands()
-        .into_iter()
-        .map(|command| Item {
-            command,
-            sequence: None,
-        })
-        .collect();
+    let items = items(commands());
     let outcomes = db.apply_batch(&items).await.unwrap();
     assert_eq!(outcomes, expected_outcomes(), "{name}");
     assert_eq!(states(&db).await, expected_states(), "{name}");
@@ -293,13 +298,7 @@ async fn a_batch_split_over_connections_applies_as_one_in_each_tis_order() {
     let (_target, db) = prepared(Airflow::V2_10, true, "split").await;
     let mut commands = commands();
     commands.push(command("c13", key("moved", -1, 1), fail()));
-    let items: Vec<Item> = commands
-        .into_iter()
-        .map(|command| Item {
-            command,
-            sequence: None,
-        })
-        .collect();
+    let items = items(commands);
     let outcomes = db.apply_partitioned(&items, 3).await.unwrap();
     let mut expected = expected_outcomes();
     expected.push(Outcome::Applied("up_for_retry"));
@@ -419,13 +418,7 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
     let (_target, db) = prepared(Airflow::V2_10, false, "svc").await;
 
     // A sink committed these but died before acking: the effects are in, the acks are not.
-    let items: Vec<Item> = commands()
-        .into_iter()
-        .map(|command| Item {
-            command,
-            sequence: None,
-        })
-        .collect();
+    let items = items(commands());
     db.apply_batch(&items).await.unwrap();
     let logs = "SELECT CAST(COUNT(*) AS BIGINT) FROM log WHERE event LIKE 'podstream%'";
     assert_eq!(count(&db, logs).await, 5);
@@ -573,17 +566,11 @@ async fn a_command_the_database_refuses_is_dead_and_the_rest_of_its_batch_applie
     let mut poisoned = command("p1", key("watched", -1, 1), Kind::Running(Running {}));
     // Longer than podstream_ti_pod.pod_name allows: PostgreSQL refuses the row.
     poisoned.pod.as_mut().unwrap().name = "x".repeat(300);
-    let items: Vec<Item> = [
+    let items = items(vec![
         command("p0", key("retry", -1, 1), fail()),
         poisoned,
         command("p2", key("no_retries", -1, 1), fail()),
-    ]
-    .into_iter()
-    .map(|command| Item {
-        command,
-        sequence: None,
-    })
-    .collect();
+    ]);
     let outcomes = db.apply_batch(&items).await.unwrap();
     assert_eq!(outcomes[0], Outcome::Applied("up_for_retry"));
     assert!(
@@ -675,13 +662,7 @@ async fn on_postgres_the_applied_lookup_probes_the_key_as_the_table_grows() {
 /// retention, however many there are (several chunks), and keeps the rest.
 async fn pruning(postgres: bool, name: &str) {
     let (_target, db) = prepared(Airflow::V2_10, postgres, name).await;
-    let items: Vec<Item> = commands()
-        .into_iter()
-        .map(|command| Item {
-            command,
-            sequence: None,
-        })
-        .collect();
+    let items = items(commands());
     db.apply_batch(&items).await.unwrap();
     let all = "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied";
     let recent = count(&db, all).await;
