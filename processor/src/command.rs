@@ -3,7 +3,7 @@
 //! A [`TaskCommand`] borrows the TI key, and nearly always the pod, owner and
 //! resourceVersion, from the event it was decided from: deciding an event
 //! copies no strings for its commands. The edge that publishes or prints a
-//! command turns it into the wire [`Command`] with [`TaskCommand::to_command`].
+//! command turns it into the wire [`Command`] with [`TaskCommand::into_command`].
 
 use std::borrow::Cow;
 
@@ -34,18 +34,6 @@ impl TaskCommand<'_> {
     }
 
     /// The wire form, for the bus, the outbox and `decide`'s output.
-    pub fn to_command(&self) -> Command {
-        Command {
-            id: self.id(),
-            task: Some(self.task.clone()),
-            pod: Some(self.pod.clone().into_owned()),
-            owner: self.owner.clone().into_owned(),
-            resource_version: self.resource_version.clone().into_owned(),
-            kind: Some(self.kind.clone()),
-        }
-    }
-
-    /// [`TaskCommand::to_command`], consuming the command (no copy of an owned pod).
     pub fn into_command(self) -> Command {
         Command {
             id: self.id(),
@@ -93,7 +81,6 @@ mod tests {
             resource_version: "42".into(),
             kind: Some(Kind::Running(Running {})),
         };
-        assert_eq!(decided.to_command(), wire);
         assert_eq!(decided.into_command(), wire);
     }
 }
