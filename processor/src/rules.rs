@@ -1,6 +1,8 @@
 //! The phase and deletion table of semantics.md, as a pure function of one
 //! event: what the pod, as it is now, says about its task instance.
 
+use std::sync::Arc;
+
 use podstream_proto::PodEvent;
 use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase};
 
@@ -76,11 +78,7 @@ impl Rules {
             return Outcome::Ignored(Ignored::LeftSelector);
         }
         if event.status_reason == "ProviderFailed" {
-            return Outcome::Fail(Failure::new(
-                "provider_failed",
-                "status.reason is ProviderFailed",
-                event,
-            ));
+            return Failure::outcome("provider_failed", "status.reason is ProviderFailed", event);
         }
         match event.phase() {
             Phase::Pending if really_deleted => Outcome::Lost {
@@ -92,7 +90,7 @@ impl Rules {
                     .iter()
                     .chain(event.first_app_waiting.as_ref());
                 match checked.into_iter().find(|w| self.is_fatal(w)) {
-                    Some(w) => Outcome::Fail(Failure::new(
+                    Some(w) => Failure::outcome(
                         format!("fatal_pending:{}", w.reason),
                         format!(
                             "container {} waiting: {} {}",
@@ -100,21 +98,15 @@ impl Rules {
                         )
                         .trim_end(),
                         event,
-                    )),
+                    ),
                     None => Outcome::Pending,
                 }
             }
-            Phase::Failed => Outcome::Fail(Failure::new(
-                "pod_failed",
-                exit_summary(&event.terminated),
-                event,
-            )),
+            Phase::Failed => Failure::outcome("pod_failed", exit_summary(&event.terminated), event),
             Phase::Succeeded => Outcome::Completed,
-            Phase::Running if really_deleted => Outcome::Fail(Failure::new(
-                "deleted_while_running",
-                "pod deleted while running",
-                event,
-            )),
+            Phase::Running if really_deleted => {
+                Failure::outcome("deleted_while_running", "pod deleted while running", event)
+            }
             Phase::Running => Outcome::Running,
             Phase::Unknown | Phase::Unspecified => Outcome::Ignored(Ignored::UnknownPhase),
         }
@@ -124,8 +116,9 @@ impl Rules {
 /// What one event says about the task instance of its pod.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
-    /// The pod failed the task.
-    Fail(Failure),
+    /// The pod failed the task (shared: the state keeps it twice, as the
+    /// pod's current outcome and as what was reported).
+    Fail(Arc<Failure>),
     /// The pod succeeded; the task recorded its own outcome.
     Completed,
     /// The pod runs.
@@ -178,12 +171,12 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(reason: impl Into<String>, detail: impl Into<String>, event: &PodEvent) -> Self {
-        Failure {
+    fn outcome(reason: impl Into<String>, detail: impl Into<String>, event: &PodEvent) -> Outcome {
+        Outcome::Fail(Arc::new(Failure {
             reason: reason.into(),
             detail: detail.into(),
             terminated: event.terminated.clone(),
-        }
+        }))
     }
 }
 
