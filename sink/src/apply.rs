@@ -157,9 +157,13 @@ pub(crate) fn log_entry(
 
 /// Now, as SQLAlchemy writes a datetime into SQLite.
 pub(crate) fn sqlite_now() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%d %H:%M:%S.%6f")
-        .to_string()
+    sqlite_timestamp(jiff::Timestamp::now())
+}
+
+/// `at` as SQLAlchemy writes a datetime into SQLite (UTC, microseconds): text that
+/// sorts as the time does.
+pub(crate) fn sqlite_timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%d %H:%M:%S.%6f").to_string()
 }
 
 impl Database {

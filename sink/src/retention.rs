@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::apply::sql;
+use crate::apply::{sql, sqlite_timestamp};
 use crate::db::{Backend, Database};
 
 /// Ids deleted per statement, so a prune never holds a long transaction.
@@ -35,14 +35,19 @@ pub struct RetentionTooShort {
     pub max_age_hours: u64,
 }
 
-/// The retention for `--applied-retention-hours`: absent → the stream's max age plus a
-/// day; `0` → keep ids forever (`None`); shorter than the max age → refused.
+/// The retention when none is asked for: the stream's max age plus a day.
+pub fn default_applied_retention(stream_max_age: Duration) -> Duration {
+    stream_max_age + MARGIN
+}
+
+/// The retention for `--applied-retention-hours`: absent → [`default_applied_retention`];
+/// `0` → keep ids forever (`None`); shorter than the max age → refused.
 pub fn applied_retention(
     hours: Option<u64>,
     stream_max_age: Duration,
 ) -> Result<Option<Duration>, RetentionTooShort> {
     match hours {
-        None => Ok(Some(stream_max_age + MARGIN)),
+        None => Ok(Some(default_applied_retention(stream_max_age))),
         Some(0) => Ok(None),
         Some(hours) => {
             let retention = Duration::from_secs(hours.saturating_mul(3600));
@@ -65,9 +70,9 @@ impl Database {
             .ok()
             .and_then(|age| jiff::Timestamp::now().checked_sub(age).ok())
             .unwrap_or(jiff::Timestamp::MIN);
-        // Written as the sink writes `applied_at`: UTC, microseconds; SQLite compares the
-        // text, PostgreSQL casts it.
-        let cutoff = cutoff.strftime("%Y-%m-%d %H:%M:%S.%6f").to_string();
+        // Written as the sink writes `applied_at` on SQLite, which compares the text;
+        // PostgreSQL casts it.
+        let cutoff = sqlite_timestamp(cutoff);
         let older = match self.backend {
             Backend::Postgres => "applied_at < CAST($1 AS TIMESTAMP) AT TIME ZONE 'UTC'",
             Backend::Sqlite => "applied_at < $1",

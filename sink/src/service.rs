@@ -56,12 +56,9 @@ impl Default for SinkConfig {
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
             streams: StreamSettings::default(),
-            applied_retention: crate::retention::applied_retention(
-                None,
+            applied_retention: Some(crate::retention::default_applied_retention(
                 StreamSettings::default().max_age,
-            )
-            .ok()
-            .flatten(),
+            )),
         }
     }
 }
