@@ -2,6 +2,7 @@
 //! installs. Without `--nats` it starts a local `nats-server` on `--data-dir`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -46,11 +47,10 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    fn config(&self, nats_url: &str) -> anyhow::Result<PipelineConfig> {
+    fn config(&self, nats_url: &str, applied_retention: Option<Duration>) -> PipelineConfig {
         let prefix = self.streams.prefix.clone();
         let streams = self.streams.settings();
-        let applied_retention = self.retention.retention(streams.max_age)?;
-        Ok(PipelineConfig {
+        PipelineConfig {
             ingest: IngestConfig {
                 nats_url: nats_url.to_owned(),
                 prefix: prefix.clone(),
@@ -73,7 +73,7 @@ impl RunArgs {
                 applied_retention,
                 ..SinkConfig::default()
             },
-        })
+        }
     }
 }
 
@@ -81,7 +81,7 @@ impl RunArgs {
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let db_url = args.db.url_or_airflow_default()?;
     // A refused flag stops before a local server starts.
-    args.retention.retention(args.streams.settings().max_age)?;
+    let applied_retention = args.retention.retention(args.streams.settings().max_age)?;
     let (mut local, nats_url) = match &args.nats {
         Some(url) => (None, url.clone()),
         None => {
@@ -97,7 +97,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Some(server), url)
         }
     };
-    let config = args.config(&nats_url)?;
+    let config = args.config(&nats_url, applied_retention);
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
