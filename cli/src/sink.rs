@@ -37,8 +37,8 @@ pub struct SinkArgs {
     /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
     #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 0)]
     batch_wait_ms: u64,
-    /// Parallel transactions a batch is split into, by task instance, on PostgreSQL
-    /// (commands for one TI stay in one, in order). SQLite always uses one.
+    /// Lanes on PostgreSQL: each commits its own batches on its own connection, and a task
+    /// instance always goes to the same lane (its commands stay in order). SQLite uses one.
     #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
     connections: usize,
     #[command(flatten)]

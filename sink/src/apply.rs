@@ -29,19 +29,6 @@ pub enum Outcome {
     Dead(String),
 }
 
-/// The partition of `command` among `partitions`: by its TI key (not the try, so a TI's
-/// tries stay in order too); commands without one all go to the first.
-fn partition_of(command: &Command, partitions: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let Some(key) = crate::batch::key_of(command) else {
-        return 0;
-    };
-    // A fixed hasher: the routing needs no secret, only spreading.
-    let mut hasher = std::hash::DefaultHasher::new();
-    key.hash(&mut hasher);
-    (hasher.finish() % partitions as u64) as usize
-}
-
 /// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
 /// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
 pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {
@@ -181,68 +168,6 @@ impl Database {
                 self.apply_each(items).await
             }
         }
-    }
-
-    /// Applies `items` as up to `connections` batches in parallel transactions, one per
-    /// connection, each holding every command of its task instances (routed by a hash of the
-    /// TI key), so commands for one TI keep their order. PostgreSQL spreads the work over its
-    /// backends; SQLite has one writer, so there it is one batch. An error fails the whole
-    /// call; the caller retries it, and what a partition already committed is then skipped
-    /// by its command ids.
-    pub async fn apply_partitioned(
-        &self,
-        items: &[Item],
-        connections: usize,
-    ) -> Result<Vec<Outcome>, sqlx::Error> {
-        let partitions = match self.backend {
-            // More partitions than pooled connections would only queue for them.
-            Backend::Postgres => connections
-                .min(crate::db::POOL_SIZE as usize)
-                .clamp(1, items.len().max(1)),
-            Backend::Sqlite => 1,
-        };
-        if partitions == 1 {
-            return self.apply_batch(items).await;
-        }
-        let mut groups: Vec<(Vec<usize>, Vec<Item>)> = vec![(Vec::new(), Vec::new()); partitions];
-        for (index, item) in items.iter().enumerate() {
-            let group = &mut groups[partition_of(&item.command, partitions)];
-            group.0.push(index);
-            group.1.push(item.clone());
-        }
-        // Tasks, not just futures: building and decoding a batch's statements is CPU work
-        // that should use more than one core too.
-        let running: Vec<_> = groups
-            .into_iter()
-            .filter(|(_, batch)| !batch.is_empty())
-            .map(|(indexes, batch)| {
-                let db = self.clone();
-                tokio::spawn(async move { db.apply_batch(&batch).await.map(|o| (indexes, o)) })
-            })
-            .collect();
-        let mut applied = Vec::with_capacity(running.len());
-        let mut failed = None;
-        for task in running {
-            // Every task is awaited, so none is left running when this returns.
-            match task.await {
-                Ok(Ok(done)) => applied.push(done),
-                Ok(Err(error)) => failed = failed.or(Some(error)),
-                Err(panic) => {
-                    failed = failed.or(Some(sqlx::Error::WorkerCrashed));
-                    tracing::error!(%panic, "a partition of the batch panicked");
-                }
-            }
-        }
-        if let Some(error) = failed {
-            return Err(error);
-        }
-        let mut outcomes = vec![Outcome::Dead("not decided".into()); items.len()];
-        for (indexes, group_outcomes) in applied {
-            for (index, outcome) in indexes.iter().zip(group_outcomes) {
-                outcomes[*index] = outcome;
-            }
-        }
-        Ok(outcomes)
     }
 
     /// The slow path: one savepoint per command, so one refused command is rolled back alone.

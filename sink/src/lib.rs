@@ -5,6 +5,8 @@
 //! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
 //!   the database refuses is retried command by command under savepoints.
 //! - `batch`: a batch as a few set statements ([`SetStatements`]), rows as one JSON parameter.
+//! - [`lanes`]: commands applied in parallel transactions, one lane per connection, each TI in
+//!   one lane so its commands keep their order.
 //! - [`retention`]: how long `podstream_applied` keeps ids, and pruning the older ones.
 //! - [`seed`]: DAG runs and TIs written directly, and TIs read back (demo and tests only).
 //! - [`summary`]: counts of what happened, in the one line `podstream apply` prints.
@@ -14,6 +16,7 @@ pub mod apply;
 mod batch;
 pub mod db;
 pub mod guard;
+pub mod lanes;
 pub mod retention;
 pub mod seed;
 pub mod service;

@@ -1,7 +1,8 @@
-//! `podstream sink`: a durable pull consumer on the commands stream. Each fetched batch is
-//! applied in one transaction and acked only after the commit; several sinks may share the
-//! consumer. A connection problem retries the batch (nothing was committed); a command the
-//! database refuses goes to `podstream.dead.sink` and the rest of the batch applies.
+//! `podstream sink`: a durable pull consumer on the commands stream. Commands go to lanes, one
+//! per database connection and each TI always in the same one (see [`crate::lanes`]); a
+//! lane's batch is applied in one transaction and acked only after the commit. Several sinks
+//! may share the consumer. A connection problem retries the batch (nothing was committed); a
+//! command the database refuses goes to `podstream.dead.sink` and the rest of the batch applies.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,10 +18,11 @@ use podstream_proto::subject::{Stage, Subjects};
 use prost::Message as _;
 
 use crate::apply::{Item, Outcome};
-use crate::db::{Database, is_transient};
+use crate::db::Database;
+use crate::lanes::{Applied, LaneConfig, Lanes};
 use crate::summary::Summary;
 
-/// Parallel transactions per batch by default: one per core of a small database server.
+/// Lanes (parallel transactions) by default: one per core of a small database server.
 pub const DEFAULT_CONNECTIONS: usize = 2;
 
 /// How the sink runs.
@@ -36,7 +38,7 @@ pub struct SinkConfig {
     pub batch_size: usize,
     /// How long a batch smaller than `batch_size` waits for more (zero: not at all).
     pub batch_wait: Duration,
-    /// Transactions a batch is split into, by TI, on PostgreSQL (SQLite: always one).
+    /// Lanes on PostgreSQL, each a transaction at a time, commands routed by TI (SQLite: one).
     pub connections: usize,
     /// Settings of the streams it makes sure of.
     pub streams: StreamSettings,
@@ -63,7 +65,7 @@ impl Default for SinkConfig {
     }
 }
 
-/// Runs until `shutdown` resolves; the batch in hand is finished first.
+/// Runs until `shutdown` resolves; what the lanes hold is applied and acked first.
 pub async fn run(
     config: SinkConfig,
     db: Database,
@@ -99,66 +101,71 @@ pub async fn run(
         .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
     tokio::pin!(shutdown);
-    // A continuous pull: a batch is whatever has arrived (up to `batch_size`), so a quiet
-    // stream commits each command at once and a busy one fills batches while the previous
-    // batch commits. `batch_wait` can hold a small batch back for more.
+    let finisher = Finisher {
+        js: &js,
+        subjects: &subjects,
+    };
+    let (lanes, mut applied) = Lanes::start(
+        &db,
+        LaneConfig {
+            lanes: config.connections,
+            batch_size: config.batch_size,
+            batch_wait: config.batch_wait,
+        },
+    );
+    // A continuous pull, handed to the lanes as it arrives: a quiet stream commits each
+    // command at once, a busy one fills each lane's next batch while its previous one commits.
     let mut chunks = pull_stream(&consumer, config.batch_size).await;
     loop {
-        let chunk = tokio::select! {
+        tokio::select! {
             _ = &mut shutdown => break,
-            chunk = chunks.next() => chunk,
-        };
-        let Some(mut chunk) = chunk else {
-            tracing::warn!("the pull stream ended; pulling again");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            chunks = pull_stream(&consumer, config.batch_size).await;
-            continue;
-        };
-        if chunk.len() < config.batch_size && !config.batch_wait.is_zero() {
-            let more = tokio::time::timeout(config.batch_wait, chunks.next()).await;
-            if let Ok(Some(more)) = more {
-                chunk.extend(more);
-            }
-        }
-        let mut fetched = Vec::with_capacity(chunk.len());
-        for message in chunk {
-            match message {
-                Ok(message) => fetched.push(message),
-                Err(error) => tracing::warn!(%error, "receiving a command failed"),
-            }
-        }
-        if fetched.is_empty() {
-            continue;
-        }
-        let mut items = Vec::with_capacity(fetched.len());
-        let mut positions = Vec::with_capacity(fetched.len());
-        for (index, message) in fetched.iter().enumerate() {
-            let sequence = message.info().map(|i| i.stream_sequence).ok();
-            match Command::decode(message.payload.as_ref()) {
-                Ok(command) => {
-                    items.push(Item { command, sequence });
-                    positions.push(index);
-                }
-                Err(error) => {
-                    dead_letter(&js, &subjects, message, &format!("not a Command: {error}")).await;
-                    summary.dead_lettered += 1;
-                    ack(message).await;
+            Some(batch) = applied.recv() => finisher.finish(batch, &mut summary).await,
+            chunk = chunks.next() => {
+                let Some(chunk) = chunk else {
+                    tracing::warn!("the pull stream ended; pulling again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    chunks = pull_stream(&consumer, config.batch_size).await;
+                    continue;
+                };
+                for message in chunk {
+                    let message = match message {
+                        Ok(message) => message,
+                        Err(error) => {
+                            tracing::warn!(%error, "receiving a command failed");
+                            continue;
+                        }
+                    };
+                    let sequence = message.info().map(|i| i.stream_sequence).ok();
+                    match Command::decode(message.payload.as_ref()) {
+                        Ok(command) => lanes
+                            .send(Item { command, sequence }, message)
+                            .await
+                            .context("handing a command to the database")?,
+                        Err(error) => {
+                            let reason = format!("not a Command: {error}");
+                            dead_letter(&js, &subjects, &message, &reason).await;
+                            summary.dead_lettered += 1;
+                            ack(&message).await;
+                        }
+                    }
                 }
             }
         }
-        let outcomes = apply_with_retry(&db, &items, config.connections).await;
-        for ((outcome, item), index) in outcomes.iter().zip(&items).zip(&positions) {
-            let Some(message) = fetched.get(*index) else {
-                continue;
-            };
-            if let Outcome::Dead(reason) = outcome {
-                tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
-                dead_letter(&js, &subjects, message, reason).await;
-            } else {
-                log_outcome(&item.command, outcome);
-            }
-            summary.add(outcome);
-            ack(message).await;
+    }
+    // Everything handed to a lane is applied and acked before the sink stops.
+    let closing = lanes.close();
+    tokio::pin!(closing);
+    let mut closed = false;
+    loop {
+        tokio::select! {
+            () = &mut closing, if !closed => closed = true,
+            batch = applied.recv() => match batch {
+                Some(batch) => {
+                    finisher.finish(batch, &mut summary).await;
+                    continue;
+                }
+                None => break,
+            },
         }
     }
     if let Some(pruner) = pruner {
@@ -166,6 +173,27 @@ pub async fn run(
     }
     tracing::info!(%summary, "sink stopped");
     Ok(summary)
+}
+
+/// What happens to a command once its lane has committed: dead letter, log, count, ack.
+struct Finisher<'a> {
+    js: &'a jetstream::Context,
+    subjects: &'a Subjects,
+}
+
+impl Finisher<'_> {
+    async fn finish(&self, batch: Applied<jetstream::Message>, summary: &mut Summary) {
+        for (item, message, outcome) in batch {
+            if let Outcome::Dead(reason) = &outcome {
+                tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
+                dead_letter(self.js, self.subjects, &message, reason).await;
+            } else {
+                log_outcome(&item.command, &outcome);
+            }
+            summary.add(&outcome);
+            ack(&message).await;
+        }
+    }
 }
 
 type Chunks = futures::stream::ReadyChunks<pull::Stream>;
@@ -183,21 +211,6 @@ async fn pull_stream(consumer: &jetstream::consumer::PullConsumer, batch_size: u
             Ok(messages) => return messages.ready_chunks(batch_size.max(1)),
             Err(error) => {
                 tracing::warn!(%error, "pulling commands failed; retrying");
-                backoff.wait().await;
-            }
-        }
-    }
-}
-
-/// Applies a batch, retrying with backoff while the database is unreachable.
-async fn apply_with_retry(db: &Database, items: &[Item], connections: usize) -> Vec<Outcome> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
-    loop {
-        match db.apply_partitioned(items, connections).await {
-            Ok(outcomes) => return outcomes,
-            Err(error) => {
-                let transient = is_transient(&error);
-                tracing::warn!(%error, transient, retry_in_ms = backoff.delay().as_millis() as u64, "applying a batch failed; retrying");
                 backoff.wait().await;
             }
         }

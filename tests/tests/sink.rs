@@ -12,6 +12,7 @@ use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Completed, Duplicate, Fail, Running, Transfer};
 use podstream_proto::{Command, PodRef, TaskKey};
 use podstream_sink::guard::Skip;
+use podstream_sink::lanes::{LaneConfig, Lanes};
 use podstream_sink::service::{self, SinkConfig};
 use podstream_sink::{Database, Item, Outcome};
 use podstream_tests::airflow::{Airflow, AirflowDb, SeedTi};
@@ -290,16 +291,45 @@ async fn every_rule_on_airflow_3_1_postgres() {
     every_rule(Airflow::V3_1, true, "a31_pg").await;
 }
 
-/// `podstream sink` splits a batch by TI over parallel transactions: the result is the
-/// batch's, and a TI's commands keep their order (a TI transferred, then failed: the other
-/// way round, the transfer would find the TI no longer adoptable).
+/// Applies `items` through `lanes` lanes (small batches, so a lane commits several) and
+/// returns each command's outcome in the order sent.
+async fn through_lanes(db: &Database, items: &[Item], lanes: usize) -> Vec<Outcome> {
+    let config = LaneConfig {
+        lanes,
+        batch_size: 4,
+        batch_wait: Duration::ZERO,
+    };
+    let (lanes, mut applied) = Lanes::start(db, config);
+    for (index, item) in items.iter().enumerate() {
+        lanes.send(item.clone(), index).await.unwrap();
+    }
+    lanes.close().await;
+    let mut outcomes = vec![None; items.len()];
+    while let Some(batch) = applied.recv().await {
+        for (_, index, outcome) in batch {
+            assert!(
+                outcomes[index].replace(outcome).is_none(),
+                "command {index} applied twice"
+            );
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.expect("every command comes back"))
+        .collect()
+}
+
+/// `podstream sink` applies over parallel lanes, one transaction at a time each, a TI always
+/// in the same lane: the result is the batch's, and a TI's commands keep their order (a TI
+/// transferred, then failed: the other way round, the transfer would find the TI no longer
+/// adoptable).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_split_over_connections_applies_as_one_in_each_tis_order() {
+async fn commands_over_parallel_lanes_apply_as_one_batch_in_each_tis_order() {
     let (_target, db) = prepared(Airflow::V2_10, true, "split").await;
     let mut commands = commands();
     commands.push(command("c13", key("moved", -1, 1), fail()));
     let items = items(commands);
-    let outcomes = db.apply_partitioned(&items, 3).await.unwrap();
+    let outcomes = through_lanes(&db, &items, 3).await;
     let mut expected = expected_outcomes();
     expected.push(Outcome::Applied("up_for_retry"));
     assert_eq!(outcomes, expected);
@@ -319,8 +349,8 @@ async fn a_batch_split_over_connections_applies_as_one_in_each_tis_order() {
     .get(0);
     assert_eq!(job, 7, "the transfer applied before the fail");
 
-    // Again over other partitions: every command is already applied.
-    let again = db.apply_partitioned(&items, 2).await.unwrap();
+    // Again over other lanes: every command is already applied.
+    let again = through_lanes(&db, &items, 2).await;
     assert!(
         again
             .iter()
