@@ -2,8 +2,8 @@
 //! from annotations, phase, deletion, and the container states the rules read.
 //! Never the whole pod. See semantics.md "Identity".
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use podstream_proto::v1::{
     ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey,
 };
@@ -126,7 +126,21 @@ pub struct StatusFacts<'a> {
 impl<'a> PodFacts<'a> {
     /// The facts of a k8s-openapi `Pod`.
     pub fn of(pod: &'a Pod) -> Self {
-        let meta = &pod.metadata;
+        let first_container = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .map(|c| c.name.as_str());
+        PodFacts::from_parts(&pod.metadata, first_container, pod.status.as_ref())
+    }
+
+    /// The facts of a pod given as its metadata, its first container's name and its status
+    /// (a k8s-openapi [`Pod`], or a [`crate::watched_pod::WatchedPod`]).
+    pub fn from_parts(
+        meta: &'a ObjectMeta,
+        first_container: Option<&'a str>,
+        status: Option<&'a PodStatus>,
+    ) -> Self {
         let labels = meta.labels.as_ref();
         let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
         let annotations = meta.annotations.as_ref().map(|a| {
@@ -141,7 +155,6 @@ impl<'a> PodFacts<'a> {
                 execution_date: get("execution_date"),
             }
         });
-        let status = pod.status.as_ref();
         let statuses = |list: Option<&'a Vec<ContainerStatus>>| {
             list.map(|l| l.iter().map(StatusFacts::of).collect())
                 .unwrap_or_default()
@@ -161,11 +174,7 @@ impl<'a> PodFacts<'a> {
             annotations,
             phase: status.and_then(|s| s.phase.as_deref()),
             status_reason: status.and_then(|s| s.reason.as_deref()),
-            first_container: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .map(|c| c.name.as_str()),
+            first_container,
             init_statuses: statuses(status.and_then(|s| s.init_container_statuses.as_ref())),
             app_statuses: statuses(status.and_then(|s| s.container_statuses.as_ref())),
         }

@@ -19,7 +19,6 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures::{StreamExt, stream::BoxStream};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use podstream_bus::dead::DeadLetter;
@@ -30,8 +29,9 @@ use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
 use crate::known::{KnownPods, Outgoing};
-use crate::projection::{OWNER_LABEL, project};
+use crate::projection::{OWNER_LABEL, project_facts};
 use crate::publisher::{Message, Publisher};
+use crate::watched_pod::WatchedPod;
 
 /// How long a history replay waits for the next event before it counts as caught up.
 const REPLAY_IDLE: Duration = Duration::from_millis(200);
@@ -147,7 +147,7 @@ pub async fn run(
     } else {
         config.namespaces.iter().cloned().map(Some).collect()
     };
-    let apis: Vec<(Option<String>, Api<Pod>)> = scopes
+    let apis: Vec<(Option<String>, Api<WatchedPod>)> = scopes
         .into_iter()
         .map(|scope| {
             let api = match &scope {
@@ -203,8 +203,8 @@ pub async fn run(
 
 /// One watcher per scope, merged; items carry their scope's index.
 fn watch_all(
-    apis: &[(Option<String>, Api<Pod>)],
-) -> BoxStream<'static, (usize, Result<watcher::Event<Pod>, watcher::Error>)> {
+    apis: &[(Option<String>, Api<WatchedPod>)],
+) -> BoxStream<'static, (usize, Result<watcher::Event<WatchedPod>, watcher::Error>)> {
     let streams: Vec<_> = apis
         .iter()
         .enumerate()
@@ -257,7 +257,12 @@ struct Ingest {
 impl Ingest {
     /// Publishes a completed list: history replayed first, then the listed pods, then
     /// synthesized deletes for known pods that vanished.
-    async fn after_list(&mut self, scope: Option<&str>, api: Option<Api<Pod>>, listing: Listing) {
+    async fn after_list(
+        &mut self,
+        scope: Option<&str>,
+        api: Option<Api<WatchedPod>>,
+        listing: Listing,
+    ) {
         let listed = listing.seen.len();
         let mut seen = listing.seen;
         if let (Some(rv), Some(api)) = (listing.replay_from, api) {
@@ -279,7 +284,12 @@ impl Ingest {
 
     /// Replays the apiserver's history after `rv` with a short watch; returns the uids seen.
     /// A 410 (history gone) or an error ends it early: the list then stands for what is lost.
-    async fn replay(&mut self, scope: Option<&str>, api: &Api<Pod>, rv: u64) -> HashSet<String> {
+    async fn replay(
+        &mut self,
+        scope: Option<&str>,
+        api: &Api<WatchedPod>,
+        rv: u64,
+    ) -> HashSet<String> {
         let mut touched = HashSet::new();
         let params = WatchParams::default()
             .labels(OWNER_LABEL)
@@ -318,8 +328,8 @@ impl Ingest {
         touched
     }
 
-    fn project(&self, kind: EventType, pod: &Pod) -> Projected {
-        match project(kind, pod) {
+    fn project(&self, kind: EventType, pod: &WatchedPod) -> Projected {
+        match project_facts(kind, &pod.facts()) {
             Ok(event) => Projected::Event(Box::new(event)),
             Err(error) => {
                 let name = pod.metadata.name.clone().unwrap_or_default();
@@ -327,7 +337,7 @@ impl Ingest {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
                 let rv = pod.metadata.resource_version.clone().unwrap_or_default();
                 tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %error, "unusable pod; dead-lettered");
-                let payload = serde_json::to_vec(pod).map(Bytes::from).unwrap_or_default();
+                let payload = pod.to_json().map(Bytes::from).unwrap_or_default();
                 Projected::Unusable(DeadLetter {
                     subject: self.subjects.dead_letters(Stage::Ingest),
                     msg_id: format!("{uid}:{rv}:dead"),
@@ -354,7 +364,7 @@ impl Ingest {
         }
     }
 
-    async fn observe(&mut self, kind: EventType, pod: &Pod) {
+    async fn observe(&mut self, kind: EventType, pod: &WatchedPod) {
         let projected = self.project(kind, pod);
         self.publish_projected(projected).await;
     }

@@ -7,7 +7,9 @@
 use k8s_openapi::api::core::v1::Pod;
 use podstream_ingest::pod_json::{Projected, project_watch_event};
 use podstream_ingest::projection::pod_ref;
+use podstream_ingest::projection::project_facts;
 use podstream_ingest::watch_json::{WatchItem, read_json, read_value};
+use podstream_ingest::watched_pod::WatchedPod;
 use podstream_ingest::{ProjectionError, project};
 use podstream_proto::v1::{EventType, Phase};
 use proptest::prelude::*;
@@ -357,7 +359,83 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+/// The pod parsed both ways, when k8s-openapi takes it: its projection as a full `Pod` and
+/// as the ingest's `WatchedPod`, and the `WatchedPod`'s JSON read back as a `Pod`.
+fn both_ways(value: &Value) -> Option<(ProjectedBoth, ProjectedBoth, Pod, Pod)> {
+    let text = value.to_string();
+    let full: Pod = serde_json::from_str(&text).ok()?;
+    let watched: WatchedPod =
+        serde_json::from_str(&text).expect("what k8s-openapi takes, the watch takes");
+    let back: Pod = serde_json::from_slice(&watched.to_json().unwrap()).unwrap();
+    Some((
+        project(EventType::Modified, &full),
+        project_facts(EventType::Modified, &watched.facts()),
+        back,
+        full,
+    ))
+}
+
+type ProjectedBoth = Result<podstream_proto::PodEvent, ProjectionError>;
+
+#[test]
+fn the_watched_pod_projects_as_the_full_pod_and_keeps_it_whole() {
+    let base_second = with(
+        with(
+            worker_pod(),
+            "/spec/containers",
+            json!([{"name": "base", "image": "apache/airflow"}, {"name": "a-sidecar"}]),
+        ),
+        "/status/containerStatuses",
+        json!([
+            waiting("a-sidecar", "ErrImagePull"),
+            waiting("base", "CreateContainerConfigError")
+        ]),
+    );
+    let failed = with(base_second.clone(), "/status/phase", json!("Failed"));
+    let escaped_name = with(
+        worker_pod(),
+        "/spec/containers",
+        json!([{"name": "b\\ase \"x\""}]),
+    );
+    let no_containers = with(worker_pod(), "/spec/containers", Value::Null);
+    let no_spec = with(worker_pod(), "/spec", Value::Null);
+    let no_owner = with(worker_pod(), "/metadata/labels", json!({}));
+    for pod in [
+        worker_pod(),
+        failed,
+        escaped_name,
+        no_containers,
+        no_spec,
+        no_owner,
+    ] {
+        let (full, watched, back, original) = both_ways(&pod).expect("a valid pod");
+        assert_eq!(watched, full, "{pod}");
+        assert_eq!(back, original, "the dead letter's JSON is the pod: {pod}");
+    }
+    // The spec's first container decides which status is the base's (statuses are sorted
+    // by name): the base's waiting reason, not the sidecar's.
+    let (_, watched, _, _) = both_ways(&base_second).unwrap();
+    let waiting = watched.unwrap().first_app_waiting.unwrap();
+    assert_eq!(waiting.reason, "CreateContainerConfigError");
+}
+
 proptest! {
+    /// Wherever k8s-openapi takes a mutated worker pod, the ingest's watch type projects it
+    /// alike and keeps it whole.
+    #[test]
+    fn the_watched_pod_agrees_on_mutated_worker_pods(pointer in prop_oneof![
+            Just("/spec"), Just("/spec/containers"), Just("/spec/containers/0"),
+            Just("/spec/containers/0/name"), Just("/status"), Just("/metadata/labels"),
+            Just("/metadata/annotations/try_number")],
+        replacement in json_value()) {
+        let mut pod = worker_pod();
+        if let Some(slot) = pod.pointer_mut(pointer) { *slot = replacement; }
+        if let Some((full, watched, back, original)) = both_ways(&pod) {
+            prop_assert_eq!(watched, full);
+            prop_assert_eq!(back, original);
+        }
+    }
+
     #[test]
     fn nothing_panics_the_reader_or_the_projection(value in json_value()) {
         prop_assert_eq!(read_json(&value.to_string()), read_value(value.clone()));

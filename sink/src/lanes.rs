@@ -185,7 +185,11 @@ mod tests {
             let task_id = format!("t{task}");
             let lane = partition_of(&item("a", &task_id, 1), 3);
             for (id, try_number) in [("b", 1), ("c", 2), ("another-id", 3)] {
-                assert_eq!(partition_of(&item(id, &task_id, try_number), 3), lane, "{task_id}");
+                assert_eq!(
+                    partition_of(&item(id, &task_id, try_number), 3),
+                    lane,
+                    "{task_id}"
+                );
             }
             used.insert(lane);
         }

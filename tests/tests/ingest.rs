@@ -588,6 +588,11 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     assert!(reason.contains("try_number"), "{reason}");
     let raw: Value = serde_json::from_slice(&dead[0].payload).unwrap();
     assert_eq!(raw["metadata"]["name"], "broken", "the raw object is kept");
+    assert_eq!(raw["kind"], "Pod");
+    assert!(
+        raw["spec"]["containers"][0]["name"].is_string(),
+        "the spec is kept too: {raw}"
+    );
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
     assert_eq!(
         events.len(),
