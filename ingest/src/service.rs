@@ -33,6 +33,9 @@ use crate::projection::{OWNER_LABEL, project_facts};
 use crate::publisher::{Message, Publisher};
 use crate::watched_pod::WatchedPod;
 
+/// How often acks that arrived while nothing was published are collected.
+const ACK_POLL: Duration = Duration::from_millis(50);
+
 /// How long a history replay waits for the next event before it counts as caught up.
 const REPLAY_IDLE: Duration = Duration::from_millis(200);
 
@@ -53,7 +56,7 @@ pub struct IngestConfig {
     pub ack_window: usize,
     /// The checkpoint KV bucket.
     pub checkpoint_bucket: String,
-    /// How often acked events are written to the checkpoint.
+    /// How often the checkpoint is written at most (see [`crate::checkpoint`]).
     pub checkpoint_interval: Duration,
 }
 
@@ -67,7 +70,7 @@ impl Default for IngestConfig {
             streams: StreamSettings::default(),
             ack_window: 1024,
             checkpoint_bucket: "podstream-ingest".into(),
-            checkpoint_interval: Duration::from_millis(50),
+            checkpoint_interval: Duration::from_secs(1),
         }
     }
 }
@@ -130,8 +133,13 @@ pub async fn run(
     ] {
         streams::ensure(&js, stream).await?;
     }
-    let mut checkpoint =
-        Checkpoint::open(&js, &config.checkpoint_bucket, config.streams.replicas).await?;
+    let mut checkpoint = Checkpoint::open(
+        &js,
+        &config.checkpoint_bucket,
+        config.streams.replicas,
+        config.checkpoint_interval,
+    )
+    .await?;
     let restored = checkpoint.load().await?;
     tracing::info!(pods = restored.pods.len(), resume = ?restored.resume, "checkpoint loaded");
     let mut ingest = Ingest {
@@ -162,7 +170,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut events = watch_all(&apis);
     let mut listings: Vec<Option<Listing>> = (0..apis.len()).map(|_| None).collect();
-    let mut tick = tokio::time::interval(config.checkpoint_interval);
+    let mut tick = tokio::time::interval(ACK_POLL);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,

@@ -434,6 +434,99 @@ async fn pods_deleted_while_history_is_gone_arrive_as_synthesized_deletes() {
     assert_ordered_per_pod(&events);
 }
 
+/// The checkpoint bucket's keys.
+async fn checkpoint_keys(kv: &jetstream::kv::Store) -> Vec<String> {
+    use futures::StreamExt as _;
+    let mut keys: Vec<String> = kv.keys().await.unwrap().map(|k| k.unwrap()).collect().await;
+    keys.sort();
+    keys
+}
+
+/// A checkpoint an earlier version left (one key per pod) is read, pods that vanished while
+/// the ingest was down get their synthesized deletes from it, and it is rewritten as shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_pod_checkpoint_of_an_earlier_version_is_read_and_rewritten_as_shards() {
+    use podstream_ingest::checkpoint::{decode_shard, shard_of};
+    use prost::Message as _;
+
+    let (nats, sim, js, ingest, mut scenario) = rig().await;
+    for i in 0..10 {
+        scenario.step(i, 0);
+    }
+    let settle = |count| {
+        bus::settle(
+            &js,
+            PODS,
+            count,
+            Duration::from_millis(300),
+            Duration::from_secs(30),
+        )
+    };
+    settle(11).await;
+    ingest.stop().await;
+
+    // The bucket as an earlier version left it: `pod.<uid>` keys, no shards.
+    let kv = js.get_key_value("podstream-ingest").await.unwrap();
+    let mut pods = 0;
+    for key in checkpoint_keys(&kv).await {
+        if key.starts_with("pods.") {
+            let value = kv.get(&key).await.unwrap().unwrap();
+            for encoded in decode_shard(&value).unwrap() {
+                let event = podstream_proto::PodEvent::decode(encoded.as_ref()).unwrap();
+                let uid = event.pod.unwrap().uid;
+                assert_eq!(
+                    key,
+                    format!("pods.{:04}", shard_of(&uid)),
+                    "each pod in its shard"
+                );
+                kv.put(format!("pod.{uid}"), encoded).await.unwrap();
+                pods += 1;
+            }
+            kv.purge(&key).await.unwrap();
+        }
+    }
+    assert_eq!(pods, 11, "ten pods and the sentinel were checkpointed");
+
+    // While it is down, three pods vanish and the history is compacted.
+    for i in 0..3 {
+        scenario.delete(&format!("pod-{i:04}"));
+    }
+    sim.cluster().compact();
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    settle(14).await;
+    ingest.stop().await;
+
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    let synthesized: Vec<&Fact> = events[11..]
+        .iter()
+        .filter(|(_, _, s)| *s)
+        .map(|(f, _, _)| f)
+        .collect();
+    assert_eq!(
+        synthesized.len(),
+        3,
+        "the vanished pods, known from the old keys: {:#?}",
+        &events[11..]
+    );
+    assert_eq!(
+        events.len(),
+        14,
+        "the pods still there are not published again"
+    );
+    let keys = checkpoint_keys(&kv).await;
+    assert!(
+        !keys.iter().any(|k| k.starts_with("pod.")),
+        "the old keys are purged: {keys:?}"
+    );
+    let mut live = 0;
+    for key in keys.iter().filter(|k| k.starts_with("pods.")) {
+        live += decode_shard(&kv.get(key).await.unwrap().unwrap())
+            .unwrap()
+            .len();
+    }
+    assert_eq!(live, 8, "seven pods and the sentinel, in shards");
+}
+
 fn uid_of(scenario: &Scenario, i: usize) -> String {
     scenario
         .cluster
