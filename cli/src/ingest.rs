@@ -30,6 +30,11 @@ pub struct IngestArgs {
         default_value = "podstream-ingest"
     )]
     pub checkpoint_bucket: String,
+    /// Milliseconds between checkpoint writes at most: each write rewrites the shards whose
+    /// pods changed. After a crash, what was published since the last write is published
+    /// again, which the duplicate window absorbs, so it must stay well under that window.
+    #[arg(long, env = "PODSTREAM_CHECKPOINT_INTERVAL_MS", default_value_t = 1000)]
+    pub checkpoint_interval_ms: u64,
 }
 
 impl IngestArgs {
@@ -43,7 +48,7 @@ impl IngestArgs {
             streams: self.streams.settings(),
             ack_window: self.ack_window,
             checkpoint_bucket: self.checkpoint_bucket.clone(),
-            ..IngestConfig::default()
+            checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
         }
     }
 }

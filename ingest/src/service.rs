@@ -125,6 +125,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<IngestStats> {
     let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
+    // Crash recovery republishes what was published since the last checkpoint write; only
+    // the duplicate window makes that harmless.
+    if config.checkpoint_interval * 2 > config.streams.duplicate_window {
+        anyhow::bail!(
+            "the checkpoint interval ({:?}) must be under half the duplicate window ({:?})",
+            config.checkpoint_interval,
+            config.streams.duplicate_window
+        );
+    }
     let nats = podstream_bus::connect(&config.nats_url, "podstream-ingest").await;
     let js = jetstream::new(nats);
     for stream in [

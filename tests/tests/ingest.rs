@@ -694,6 +694,25 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     );
 }
 
+/// A checkpoint written less often than half the duplicate window could let a crash
+/// republish events the window no longer collapses: refused before anything starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_interval_near_the_duplicate_window_is_refused() {
+    let sim = sim().await;
+    let config = IngestConfig {
+        nats_url: "nats://127.0.0.1:1".into(),
+        checkpoint_interval: Duration::from_secs(61),
+        ..IngestConfig::default()
+    };
+    let error = service::run(config, kube_client(&sim).await, std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{error:#}").contains("under half the duplicate window"),
+        "{error:#}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflicting_stream_is_refused_with_a_clear_error() {
     let nats = NatsServer::start();
