@@ -8,8 +8,8 @@
 //!   checkpoint; [`service`]: `podstream ingest`, the watch loop that ties them together.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
 //!   projection needs (`decide`'s fast path).
-//! - [`watched_pod`]: the pod type the ingest watches: metadata and status, the spec kept as
-//!   text.
+//! - [`watched_pod`]: the pod type the ingest watches: projected as it is read, kept as text
+//!   only when it cannot be (for its dead letter).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
 

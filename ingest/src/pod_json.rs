@@ -43,7 +43,18 @@ pub fn project_watch_event(text: &str) -> Option<Projected> {
         "DELETED" => EventType::Deleted,
         _ => return None,
     };
-    let Object(pod) = event.object;
+    project_read(event_type, &event.object)
+}
+
+/// Projects one pod object, given as its JSON text, as an event of `event_type`. `None` when
+/// `text` does not read this way (not an object, another kind, a field the rules read
+/// malformed): the caller takes k8s-openapi's `Pod`, which says precisely what is wrong.
+pub fn project_pod(text: &str, event_type: EventType) -> Option<Projected> {
+    let Object(pod) = serde_json::from_str::<Object<PodJson>>(text).ok()?;
+    project_read(event_type, &pod)
+}
+
+fn project_read(event_type: EventType, pod: &PodJson) -> Option<Projected> {
     // k8s-openapi refuses another kind or version; leave those to the generic path.
     if pod.kind.as_deref().is_some_and(|k| k != "Pod")
         || pod.api_version.as_deref().is_some_and(|v| v != "v1")

@@ -134,8 +134,7 @@ impl<'a> PodFacts<'a> {
         PodFacts::from_parts(&pod.metadata, first_container, pod.status.as_ref())
     }
 
-    /// The facts of a pod given as its metadata, its first container's name and its status
-    /// (a k8s-openapi [`Pod`], or a [`crate::watched_pod::WatchedPod`]).
+    /// The facts of a pod given as its metadata, its first container's name and its status.
     pub fn from_parts(
         meta: &'a ObjectMeta,
         first_container: Option<&'a str>,

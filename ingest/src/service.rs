@@ -29,7 +29,7 @@ use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
 use crate::known::{KnownPods, Outgoing};
-use crate::projection::{OWNER_LABEL, project_facts};
+use crate::projection::OWNER_LABEL;
 use crate::publisher::{Message, Publisher};
 use crate::watched_pod::WatchedPod;
 
@@ -194,7 +194,7 @@ pub async fn run(
                         if let Some(uid) = pod.metadata.uid.clone() {
                             listing.seen.insert(uid);
                         }
-                        let projected = ingest.project(EventType::Added, &pod);
+                        let projected = ingest.project(EventType::Added, pod);
                         if listing.replay_from.is_some() {
                             // Held back: the history replay goes first.
                             listing.items.push(projected);
@@ -208,8 +208,8 @@ pub async fn run(
                         let api = apis.get(index).map(|(_, api)| api.clone());
                         ingest.after_list(scope.as_deref(), api, listing).await;
                     }
-                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, &pod).await,
-                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, &pod).await,
+                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, pod).await,
+                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, pod).await,
                     Err(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
                 }
             }
@@ -339,28 +339,29 @@ impl Ingest {
             if let Some(uid) = pod.metadata.uid.clone() {
                 touched.insert(uid);
             }
-            self.observe(kind, &pod).await;
+            self.observe(kind, pod).await;
         }
         tracing::info!(namespace = ?scope, replayed = touched.len(), from = rv, "replayed history");
         touched
     }
 
-    fn project(&self, kind: EventType, pod: &WatchedPod) -> Projected {
-        match project_facts(kind, &pod.facts()) {
+    fn project(&self, kind: EventType, pod: WatchedPod) -> Projected {
+        let meta = pod.metadata.clone();
+        match pod.into_event(kind) {
             Ok(event) => Projected::Event(Box::new(event)),
-            Err(error) => {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                let rv = pod.metadata.resource_version.clone().unwrap_or_default();
-                tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %error, "unusable pod; dead-lettered");
-                let payload = pod.to_json().map(Bytes::from).unwrap_or_default();
+            Err(unusable) => {
+                let name = meta.name.unwrap_or_default();
+                let namespace = meta.namespace.unwrap_or_default();
+                let uid = meta.uid.unwrap_or_default();
+                let rv = meta.resource_version.unwrap_or_default();
+                let reason = unusable.reason;
+                tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %reason, "unusable pod; dead-lettered");
                 Projected::Unusable(DeadLetter {
                     subject: self.subjects.dead_letters(Stage::Ingest),
                     msg_id: format!("{uid}:{rv}:dead"),
-                    reason: error.to_string(),
+                    reason,
                     source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
-                    payload,
+                    payload: Bytes::copy_from_slice(unusable.raw.get().as_bytes()),
                 })
             }
         }
@@ -381,7 +382,7 @@ impl Ingest {
         }
     }
 
-    async fn observe(&mut self, kind: EventType, pod: &WatchedPod) {
+    async fn observe(&mut self, kind: EventType, pod: WatchedPod) {
         let projected = self.project(kind, pod);
         self.publish_projected(projected).await;
     }

@@ -1,121 +1,125 @@
-//! A worker pod as the ingest watches it: metadata and status parsed as k8s-openapi parses
-//! them, the spec kept as its JSON text with only the first container's name read.
+//! A worker pod as the ingest watches it: projected while it is read, from its JSON text,
+//! by the lean reader `decide` uses ([`crate::pod_json`]), and kept whole only when it cannot
+//! be projected (for its dead letter).
 //!
-//! The rules never read the spec beyond that name, and building k8s-openapi's `PodSpec`
-//! (every container, volume, probe and toleration, owned) was the single largest cost of an
-//! initial list in the ingest's profile. Keeping the text, not dropping it, means a dead
-//! letter still carries the whole pod.
+//! Building k8s-openapi's `Pod` (every label, annotation, container, volume and probe, owned)
+//! was the largest cost of an initial list in the ingest's profile; the rules read a tenth of
+//! a pod. Reading each pod as text first has a second gain: a pod malformed where k8s-openapi
+//! would refuse it no longer fails the whole list it came in (which kube-runtime's watcher
+//! would retry forever); it becomes that one pod's dead letter, and the list goes on.
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use podstream_proto::PodEvent;
+use podstream_proto::v1::EventType;
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::projection::PodFacts;
+use crate::pod_json;
+use crate::projection::{ProjectionError, project};
 
-/// A pod from the watch: what the projection reads, and the spec as text.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub struct WatchedPod {
-    /// `metadata`.
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    /// `spec`, as received.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<WatchedSpec>,
-    /// `status`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<PodStatus>,
-}
-
-/// A pod's spec: its JSON text and the name of its first container (Airflow's `base`).
+/// A pod from the watch: its identity, and its event or why it has none.
 #[derive(Debug, Clone)]
-pub struct WatchedSpec {
-    raw: Box<RawValue>,
-    first_container: Option<String>,
+pub struct WatchedPod {
+    /// Name, namespace, uid and resourceVersion only: what kube-runtime and the ingest read.
+    pub metadata: ObjectMeta,
+    read: Read,
 }
 
-impl WatchedSpec {
-    /// The name of the spec's first container, if it has one.
-    pub fn first_container(&self) -> Option<&str> {
-        self.first_container.as_deref()
-    }
-
-    /// The spec as received.
-    pub fn json(&self) -> &str {
-        self.raw.get()
-    }
+#[derive(Debug, Clone)]
+enum Read {
+    Projected(Box<PodEvent>),
+    Unusable { reason: String, raw: Box<RawValue> },
 }
 
-impl Default for WatchedSpec {
-    fn default() -> Self {
-        WatchedSpec {
-            raw: RawValue::NULL.to_owned(),
-            first_container: None,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for WatchedSpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        /// Only the containers' names; everything else is skipped unparsed.
-        #[derive(Deserialize)]
-        struct Names<'a> {
-            #[serde(default, borrow)]
-            containers: Option<Vec<Named<'a>>>,
-        }
-        #[derive(Deserialize)]
-        struct Named<'a> {
-            #[serde(default, borrow)]
-            name: Option<Cow<'a, str>>,
-        }
-        let raw = Box::<RawValue>::deserialize(deserializer)?;
-        // A spec whose containers cannot be read has no first container, as for
-        // k8s-openapi a `null` or absent required field is its default; the pod still projects.
-        let first_container = serde_json::from_str::<Names>(raw.get())
-            .ok()
-            .and_then(|names| names.containers)
-            .and_then(|containers| containers.into_iter().next())
-            .map(|first| first.name.map(Cow::into_owned).unwrap_or_default());
-        Ok(WatchedSpec {
-            raw,
-            first_container,
-        })
-    }
-}
-
-impl Serialize for WatchedSpec {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(serializer)
-    }
+/// A pod that cannot be projected: why, and the pod as received.
+#[derive(Debug)]
+pub struct Unusable {
+    /// Why, for the `Podstream-Reason` header.
+    pub reason: String,
+    /// The pod's JSON, exactly as received.
+    pub raw: Box<RawValue>,
 }
 
 impl WatchedPod {
-    /// The facts the projection reads.
-    pub fn facts(&self) -> PodFacts<'_> {
-        PodFacts::from_parts(
-            &self.metadata,
-            self.spec.as_ref().and_then(WatchedSpec::first_container),
-            self.status.as_ref(),
-        )
+    /// The pod's event, as an event of `kind`, or why it has none.
+    pub fn into_event(self, kind: EventType) -> Result<PodEvent, Unusable> {
+        match self.read {
+            Read::Projected(mut event) => {
+                event.set_type(kind);
+                Ok(*event)
+            }
+            Read::Unusable { reason, raw } => Err(Unusable { reason, raw }),
+        }
     }
 
-    /// The pod as JSON, `apiVersion` and `kind` included, as a dead letter carries it.
-    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
-        #[derive(Serialize)]
-        struct Typed<'a> {
-            #[serde(rename = "apiVersion")]
-            api_version: &'static str,
-            kind: &'static str,
-            #[serde(flatten)]
-            pod: &'a WatchedPod,
+    fn read(raw: Box<RawValue>) -> WatchedPod {
+        // The type is set when the event is taken; `Added` is a placeholder.
+        let placeholder = EventType::Added;
+        let projected = match pod_json::project_pod(raw.get(), placeholder) {
+            Some(projected) => projected.map_err(|(error, _)| error.to_string()),
+            // The lean reader declined: k8s-openapi says what is wrong, or projects it.
+            None => match serde_json::from_str::<Pod>(raw.get()) {
+                Ok(pod) => project(placeholder, &pod).map_err(|e: ProjectionError| e.to_string()),
+                Err(error) => Err(format!("not a readable pod: {error}")),
+            },
+        };
+        match projected {
+            Ok(event) => WatchedPod {
+                metadata: ObjectMeta {
+                    name: event.pod.as_ref().map(|p| p.name.clone()),
+                    namespace: event.pod.as_ref().map(|p| p.namespace.clone()),
+                    uid: event.pod.as_ref().map(|p| p.uid.clone()),
+                    resource_version: Some(event.resource_version.clone()),
+                    ..ObjectMeta::default()
+                },
+                read: Read::Projected(Box::new(event)),
+            },
+            Err(reason) => WatchedPod {
+                metadata: identity(raw.get()),
+                read: Read::Unusable { reason, raw },
+            },
         }
-        serde_json::to_vec(&Typed {
-            api_version: "v1",
-            kind: "Pod",
-            pod: self,
-        })
+    }
+}
+
+/// Name, namespace, uid and resourceVersion of a pod's JSON, as far as they read as text.
+fn identity(text: &str) -> ObjectMeta {
+    #[derive(Deserialize, Default)]
+    struct Identity<'a> {
+        #[serde(default, borrow)]
+        metadata: Option<Meta<'a>>,
+    }
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta<'a> {
+        #[serde(default, borrow)]
+        name: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        namespace: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        uid: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        resource_version: Option<Cow<'a, str>>,
+    }
+    let meta = serde_json::from_str::<Identity>(text)
+        .ok()
+        .and_then(|i| i.metadata)
+        .unwrap_or_default();
+    ObjectMeta {
+        name: meta.name.map(Cow::into_owned),
+        namespace: meta.namespace.map(Cow::into_owned),
+        uid: meta.uid.map(Cow::into_owned),
+        resource_version: meta.resource_version.map(Cow::into_owned),
+        ..ObjectMeta::default()
+    }
+}
+
+impl<'de> Deserialize<'de> for WatchedPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(WatchedPod::read)
     }
 }
 

@@ -7,7 +7,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use podstream_ingest::pod_json::{Projected, project_watch_event};
 use podstream_ingest::projection::pod_ref;
-use podstream_ingest::projection::project_facts;
 use podstream_ingest::watch_json::{WatchItem, read_json, read_value};
 use podstream_ingest::watched_pod::WatchedPod;
 use podstream_ingest::{ProjectionError, project};
@@ -359,26 +358,23 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
-/// The pod parsed both ways, when k8s-openapi takes it: its projection as a full `Pod` and
-/// as the ingest's `WatchedPod`, and the `WatchedPod`'s JSON read back as a `Pod`.
-fn both_ways(value: &Value) -> Option<(ProjectedBoth, ProjectedBoth, Pod, Pod)> {
-    let text = value.to_string();
-    let full: Pod = serde_json::from_str(&text).ok()?;
-    let watched: WatchedPod =
-        serde_json::from_str(&text).expect("what k8s-openapi takes, the watch takes");
-    let back: Pod = serde_json::from_slice(&watched.to_json().unwrap()).unwrap();
-    Some((
-        project(EventType::Modified, &full),
-        project_facts(EventType::Modified, &watched.facts()),
-        back,
-        full,
-    ))
+/// A pod read as the ingest's watch reads it, taken as a `MODIFIED` event: the event, or
+/// the dead letter's reason and raw JSON.
+fn watched(text: &str) -> Result<podstream_proto::PodEvent, (String, String)> {
+    let pod: WatchedPod =
+        serde_json::from_str(text).expect("any JSON object reads as a watched pod");
+    pod.into_event(EventType::Modified)
+        .map_err(|unusable| (unusable.reason, unusable.raw.get().to_owned()))
 }
 
-type ProjectedBoth = Result<podstream_proto::PodEvent, ProjectionError>;
+/// What k8s-openapi's `Pod` makes of the same text, when it takes it.
+fn full(text: &str) -> Option<Result<podstream_proto::PodEvent, String>> {
+    let pod: Pod = serde_json::from_str(text).ok()?;
+    Some(project(EventType::Modified, &pod).map_err(|e| e.to_string()))
+}
 
 #[test]
-fn the_watched_pod_projects_as_the_full_pod_and_keeps_it_whole() {
+fn the_watched_pod_projects_as_the_full_pod_and_keeps_an_unusable_one_whole() {
     let base_second = with(
         with(
             worker_pod(),
@@ -391,7 +387,6 @@ fn the_watched_pod_projects_as_the_full_pod_and_keeps_it_whole() {
             waiting("base", "CreateContainerConfigError")
         ]),
     );
-    let failed = with(base_second.clone(), "/status/phase", json!("Failed"));
     let escaped_name = with(
         worker_pod(),
         "/spec/containers",
@@ -400,39 +395,87 @@ fn the_watched_pod_projects_as_the_full_pod_and_keeps_it_whole() {
     let no_containers = with(worker_pod(), "/spec/containers", Value::Null);
     let no_spec = with(worker_pod(), "/spec", Value::Null);
     let no_owner = with(worker_pod(), "/metadata/labels", json!({}));
+    let bad_try = with(
+        worker_pod(),
+        "/metadata/annotations/try_number",
+        json!("two"),
+    );
     for pod in [
         worker_pod(),
-        failed,
+        base_second.clone(),
         escaped_name,
         no_containers,
         no_spec,
         no_owner,
+        bad_try,
     ] {
-        let (full, watched, back, original) = both_ways(&pod).expect("a valid pod");
-        assert_eq!(watched, full, "{pod}");
-        assert_eq!(back, original, "the dead letter's JSON is the pod: {pod}");
+        let text = pod.to_string();
+        let expected = full(&text).expect("a pod k8s-openapi reads");
+        match (watched(&text), expected) {
+            (Ok(event), Ok(want)) => assert_eq!(event, want, "{pod}"),
+            (Err((reason, raw)), Err(want)) => {
+                assert_eq!(reason, want, "{pod}");
+                assert_eq!(
+                    raw, text,
+                    "the dead letter carries the pod exactly as received"
+                );
+            }
+            (got, want) => panic!("{pod}: watched {got:?}, full {want:?}"),
+        }
     }
     // The spec's first container decides which status is the base's (statuses are sorted
     // by name): the base's waiting reason, not the sidecar's.
-    let (_, watched, _, _) = both_ways(&base_second).unwrap();
-    let waiting = watched.unwrap().first_app_waiting.unwrap();
-    assert_eq!(waiting.reason, "CreateContainerConfigError");
+    let event = watched(&base_second.to_string()).unwrap();
+    assert_eq!(
+        event.first_app_waiting.unwrap().reason,
+        "CreateContainerConfigError"
+    );
+}
+
+/// A pod k8s-openapi refuses (a name that is a number) becomes that pod's dead letter; the
+/// rest of its list reads (a typed list failed whole, and the watcher retried it forever).
+#[test]
+fn a_malformed_pod_in_a_list_is_one_dead_letter_not_a_failed_list() {
+    let broken = with(worker_pod(), "/metadata/name", json!(42));
+    assert!(
+        full(&broken.to_string()).is_none(),
+        "k8s-openapi refuses it"
+    );
+    let list = json!([
+        worker_pod(),
+        broken,
+        with(worker_pod(), "/metadata/uid", json!("u-2"))
+    ]);
+    let pods: Vec<WatchedPod> = serde_json::from_str(&list.to_string()).unwrap();
+    let read: Vec<_> = pods
+        .into_iter()
+        .map(|p| p.into_event(EventType::Added))
+        .collect();
+    assert!(read[0].is_ok() && read[2].is_ok(), "{read:?}");
+    let unusable = read[1].as_ref().unwrap_err();
+    assert!(
+        unusable.reason.contains("not a readable pod"),
+        "{}",
+        unusable.reason
+    );
+    assert!(unusable.raw.get().contains("42"));
 }
 
 proptest! {
     /// Wherever k8s-openapi takes a mutated worker pod, the ingest's watch type projects it
-    /// alike and keeps it whole.
+    /// alike, or dead-letters it for the same reason with the pod as received.
     #[test]
     fn the_watched_pod_agrees_on_mutated_worker_pods(pointer in prop_oneof![
             Just("/spec"), Just("/spec/containers"), Just("/spec/containers/0"),
             Just("/spec/containers/0/name"), Just("/status"), Just("/metadata/labels"),
-            Just("/metadata/annotations/try_number")],
+            Just("/metadata/annotations/try_number"), Just("/metadata/uid"), Just("/status/phase")],
         replacement in json_value()) {
         let mut pod = worker_pod();
         if let Some(slot) = pod.pointer_mut(pointer) { *slot = replacement; }
-        if let Some((full, watched, back, original)) = both_ways(&pod) {
-            prop_assert_eq!(watched, full);
-            prop_assert_eq!(back, original);
+        let text = pod.to_string();
+        let got = watched(&text);
+        if let Some(want) = full(&text) {
+            prop_assert_eq!(got.map_err(|(reason, raw)| { assert_eq!(raw, text.clone()); reason }), want);
         }
     }
 
