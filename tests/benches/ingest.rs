@@ -5,7 +5,7 @@
 //!    ack window, straight to a stream with the pod stream's settings (the baseline);
 //! 2. initial list: N Airflow pods exist, `podstream ingest` (release build, its own process)
 //!    starts, and the clock runs until the pod stream holds N acked events;
-//! 3. steady: 10k pod updates per second for 10 s while it runs;
+//! 3. steady: 10k pod updates per second for 10 s while it runs (and the checkpoint's KV writes);
 //! 4. the ingest process's resident memory with N live pods.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a small smoke run.
@@ -51,6 +51,16 @@ fn event_size() -> usize {
         .len()
 }
 
+/// KV writes to the ingest's checkpoint so far, and the average size of a key's value (KB).
+async fn checkpoint_writes(js: &jetstream::Context) -> (u64, f64) {
+    let mut stream = js.get_stream("KV_podstream-ingest").await.unwrap();
+    let state = stream.info().await.unwrap().state.clone();
+    (
+        state.last_sequence,
+        state.bytes as f64 / state.messages.max(1) as f64 / 1024.0,
+    )
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (n, rate, seconds) = if full {
@@ -93,6 +103,8 @@ fn main() {
             n as f64 / initial.as_secs_f64() / raw
         );
         println!("ingest memory with {n} live pods: {rss_now} MB resident, {rss_peak} MB peak");
+        let (writes_listed, size) = checkpoint_writes(&js).await;
+        println!("checkpoint: {writes_listed} KV writes for the initial list ({n} events), {size:.1} KB a key on average");
 
         // Steady load: `rate` updates per second, paced in 10 ms slices.
         let cluster = sim.cluster().clone();
@@ -124,6 +136,12 @@ fn main() {
             drained.as_secs_f64(),
             updates as f64 / drained.as_secs_f64(),
             (drained - offered).as_secs_f64()
+        );
+        let (writes, size) = checkpoint_writes(&js).await;
+        let steady_writes = writes - writes_listed;
+        println!(
+            "checkpoint: {steady_writes} KV writes during the steady run ({updates} events), about {:.1} MB/s",
+            steady_writes as f64 * size / 1024.0 / drained.as_secs_f64()
         );
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
         println!("ingest memory after the steady run: {rss_now} MB resident, {rss_peak} MB peak");
