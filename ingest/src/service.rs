@@ -346,10 +346,10 @@ impl Ingest {
     }
 
     fn project(&self, kind: EventType, pod: WatchedPod) -> Projected {
-        let meta = pod.metadata.clone();
         match pod.into_event(kind) {
             Ok(event) => Projected::Event(Box::new(event)),
             Err(unusable) => {
+                let meta = unusable.metadata;
                 let name = meta.name.unwrap_or_default();
                 let namespace = meta.namespace.unwrap_or_default();
                 let uid = meta.uid.unwrap_or_default();

@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::pod_json;
-use crate::projection::{ProjectionError, project};
+use crate::projection::project;
 
 /// A pod from the watch: its identity, and its event or why it has none.
 #[derive(Debug, Clone)]
@@ -34,24 +34,31 @@ enum Read {
     Unusable { reason: String, raw: Box<RawValue> },
 }
 
-/// A pod that cannot be projected: why, and the pod as received.
+/// A pod that cannot be projected: why, its identity as far as it reads, and the pod as
+/// received.
 #[derive(Debug)]
 pub struct Unusable {
     /// Why, for the `Podstream-Reason` header.
     pub reason: String,
+    /// Name, namespace, uid and resourceVersion, where they read as text.
+    pub metadata: ObjectMeta,
     /// The pod's JSON, exactly as received.
     pub raw: Box<RawValue>,
 }
 
 impl WatchedPod {
     /// The pod's event, as an event of `kind`, or why it has none.
-    pub fn into_event(self, kind: EventType) -> Result<PodEvent, Unusable> {
+    pub fn into_event(self, kind: EventType) -> Result<PodEvent, Box<Unusable>> {
         match self.read {
             Read::Projected(mut event) => {
                 event.set_type(kind);
                 Ok(*event)
             }
-            Read::Unusable { reason, raw } => Err(Unusable { reason, raw }),
+            Read::Unusable { reason, raw } => Err(Box::new(Unusable {
+                reason,
+                metadata: self.metadata,
+                raw,
+            })),
         }
     }
 
@@ -62,7 +69,7 @@ impl WatchedPod {
             Some(projected) => projected.map_err(|(error, _)| error.to_string()),
             // The lean reader declined: k8s-openapi says what is wrong, or projects it.
             None => match serde_json::from_str::<Pod>(raw.get()) {
-                Ok(pod) => project(placeholder, &pod).map_err(|e: ProjectionError| e.to_string()),
+                Ok(pod) => project(placeholder, &pod).map_err(|e| e.to_string()),
                 Err(error) => Err(format!("not a readable pod: {error}")),
             },
         };
