@@ -103,10 +103,6 @@ pub async fn run(
         .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
     tokio::pin!(shutdown);
-    let finisher = Finisher {
-        js: &js,
-        subjects: &subjects,
-    };
     let (lanes, mut applied) = Lanes::start(
         &db,
         LaneConfig {
@@ -121,7 +117,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            Some(batch) = applied.recv() => finisher.finish(batch, &mut summary).await,
+            Some(batch) = applied.recv() => finish(&js, &subjects, batch, &mut summary).await,
             chunk = chunks.next() => {
                 let Some(chunk) = chunk else {
                     tracing::warn!("the pull stream ended; pulling again");
@@ -154,21 +150,14 @@ pub async fn run(
             }
         }
     }
-    // Everything handed to a lane is applied and acked before the sink stops.
-    let closing = lanes.close();
-    tokio::pin!(closing);
-    let mut closed = false;
-    loop {
-        tokio::select! {
-            () = &mut closing, if !closed => closed = true,
-            batch = applied.recv() => match batch {
-                Some(batch) => {
-                    finisher.finish(batch, &mut summary).await;
-                    continue;
-                }
-                None => break,
-            },
-        }
+    // Everything handed to a lane is applied and acked before the sink stops: the applied
+    // batches end when the last lane has finished.
+    let closing = tokio::spawn(lanes.close());
+    while let Some(batch) = applied.recv().await {
+        finish(&js, &subjects, batch, &mut summary).await;
+    }
+    if let Err(panic) = closing.await {
+        tracing::error!(%panic, "closing the sink lanes panicked");
     }
     if let Some(pruner) = pruner {
         pruner.abort();
@@ -177,24 +166,22 @@ pub async fn run(
     Ok(summary)
 }
 
-/// What happens to a command once its lane has committed: dead letter, log, count, ack.
-struct Finisher<'a> {
-    js: &'a jetstream::Context,
-    subjects: &'a Subjects,
-}
-
-impl Finisher<'_> {
-    async fn finish(&self, batch: Applied<jetstream::Message>, summary: &mut Summary) {
-        for (item, message, outcome) in batch {
-            if let Outcome::Dead(reason) = &outcome {
-                tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
-                dead_letter(self.js, self.subjects, &message, reason).await;
-            } else {
-                log_outcome(&item.command, &outcome);
-            }
-            summary.add(&outcome);
-            ack(&message).await;
+/// What happens to each command once its lane has committed: dead letter, log, count, ack.
+async fn finish(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    batch: Applied<jetstream::Message>,
+    summary: &mut Summary,
+) {
+    for (item, message, outcome) in batch {
+        if let Outcome::Dead(reason) = &outcome {
+            tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
+            dead_letter(js, subjects, &message, reason).await;
+        } else {
+            log_outcome(&item.command, &outcome);
         }
+        summary.add(&outcome);
+        ack(&message).await;
     }
 }
 
