@@ -285,11 +285,6 @@ impl Checkpoint {
         }
     }
 
-    /// Shards (and the resume revision) changed and not yet written.
-    pub fn pending(&self) -> usize {
-        self.dirty_list.len() + usize::from(self.resume_dirty)
-    }
-
     /// Writes what changed since the last write, and waits for it (and for any write still
     /// running in the background).
     pub async fn flush(&mut self) -> anyhow::Result<()> {
