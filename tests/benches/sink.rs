@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use podstream_proto::v1::Fail;
 use podstream_proto::v1::command::Kind;
 use podstream_proto::{Command, PodRef, TaskKey};
-use podstream_sink::lanes::{LaneConfig, Lanes};
+use podstream_sink::lanes::LaneConfig;
 use podstream_sink::{Database, Item, Outcome};
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::postgres::PgCluster;
@@ -111,24 +111,8 @@ async fn measure(name: &str, target: AirflowDb, batched: usize, single: usize) {
         batch_size: 500,
         batch_wait: Duration::ZERO,
     };
-    let (lanes, mut applied) = Lanes::start(&db, config);
-    let counting = tokio::spawn(async move {
-        let mut done = 0;
-        while let Some(batch) = applied.recv().await {
-            assert!(
-                batch
-                    .iter()
-                    .all(|(_, (), o)| matches!(o, Outcome::Applied(_)))
-            );
-            done += batch.len();
-        }
-        done
-    });
-    for item in parallel_items {
-        lanes.send(item.clone(), ()).await.unwrap();
-    }
-    lanes.close().await;
-    assert_eq!(counting.await.unwrap(), batched);
+    let outcomes = podstream_tests::sink::through_lanes(&db, parallel_items, config).await;
+    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Applied(_))));
     let parallel_rate = batched as f64 / started.elapsed().as_secs_f64();
     println!(
         "{name:<10} one transaction per command {single_rate:>8.0} commands/s ({single} commands) | batches of 500 {batch_rate:>8.0} commands/s ({batched} commands), ratio {:.1}x | over {CONNECTIONS} lanes {parallel_rate:>8.0} commands/s, ratio {:.1}x",

@@ -12,7 +12,7 @@ use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Completed, Duplicate, Fail, Running, Transfer};
 use podstream_proto::{Command, PodRef, TaskKey};
 use podstream_sink::guard::Skip;
-use podstream_sink::lanes::{LaneConfig, Lanes};
+use podstream_sink::lanes::LaneConfig;
 use podstream_sink::service::{self, SinkConfig};
 use podstream_sink::{Database, Item, Outcome};
 use podstream_tests::airflow::{Airflow, AirflowDb, SeedTi};
@@ -291,32 +291,14 @@ async fn every_rule_on_airflow_3_1_postgres() {
     every_rule(Airflow::V3_1, true, "a31_pg").await;
 }
 
-/// Applies `items` through `lanes` lanes (small batches, so a lane commits several) and
-/// returns each command's outcome in the order sent.
+/// Applies `items` through `lanes` lanes, in small batches so a lane commits several.
 async fn through_lanes(db: &Database, items: &[Item], lanes: usize) -> Vec<Outcome> {
     let config = LaneConfig {
         lanes,
         batch_size: 4,
         batch_wait: Duration::ZERO,
     };
-    let (lanes, mut applied) = Lanes::start(db, config);
-    for (index, item) in items.iter().enumerate() {
-        lanes.send(item.clone(), index).await.unwrap();
-    }
-    lanes.close().await;
-    let mut outcomes = vec![None; items.len()];
-    while let Some(batch) = applied.recv().await {
-        for (_, index, outcome) in batch {
-            assert!(
-                outcomes[index].replace(outcome).is_none(),
-                "command {index} applied twice"
-            );
-        }
-    }
-    outcomes
-        .into_iter()
-        .map(|o| o.expect("every command comes back"))
-        .collect()
+    podstream_tests::sink::through_lanes(db, items, config).await
 }
 
 /// `podstream sink` applies over parallel lanes, one transaction at a time each, a TI always
