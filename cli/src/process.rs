@@ -45,6 +45,14 @@ pub struct ProcessArgs {
     /// Seconds a silent instance keeps its consumer before a standby instance takes over.
     #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = 5)]
     pub failover_seconds: u64,
+    /// Task records kept in memory with their KV revisions, so a task instance's next event
+    /// needs no read (compare-and-set still guards every write); 0 reads each from KV.
+    #[arg(
+        long,
+        env = "PODSTREAM_PROCESS_CACHED_RECORDS",
+        default_value_t = 32_768
+    )]
+    pub cached_records: usize,
     #[command(flatten)]
     pub rules: RulesArgs,
 }
@@ -67,6 +75,7 @@ impl ProcessArgs {
             batch_size: self.batch_size,
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
+            cached_records: self.cached_records,
             streams: self.streams.settings(),
         }
     }

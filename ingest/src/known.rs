@@ -8,6 +8,11 @@
 //! - a pod whose owner changed → the event on the new owner's subject and a `left` notice on
 //!   the old owner's subject;
 //! - after a re-list, a known pod that was not listed → a synthesized `DELETED`.
+//!
+//! Each event also says where the pod's previous event sits in the stream
+//! (`previous_sequence`) when the ingest can vouch for it: the sequence its ack returned, or
+//! 0 for a pod first seen by a live watch. The processor then skips searching the stream for
+//! earlier undecided events of the pod.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -80,6 +85,8 @@ struct Last {
     rv: String,
     namespace: String,
     encoded: Bytes,
+    /// Stream sequence of the last event, once its ack has said.
+    sequence: Option<u64>,
 }
 
 impl Last {
@@ -89,8 +96,20 @@ impl Last {
             rv: event.resource_version.clone(),
             namespace: namespace(event).to_owned(),
             encoded,
+            sequence: None,
         }
     }
+}
+
+/// How a pod was seen, which decides whether a pod the ingest does not know is new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sighting {
+    /// A live watch event after this process's list: a pod not known here has no earlier
+    /// event (had it existed before, the list would have shown it).
+    Watch,
+    /// A list or a history replay: a pod not known here may have been published by an
+    /// earlier process whose checkpoint lagged.
+    Listing,
 }
 
 /// Deleted pods remembered (uid → deletion revision), so a late copy of the delete is skipped.
@@ -155,18 +174,26 @@ impl KnownPods {
     /// A pod that is not deleted is `ADDED` when the ingest did not know it and `MODIFIED`
     /// when it did, whichever way it was seen (watch, list, replay); nothing at all is
     /// published for a revision that is not newer than the last one published.
-    pub fn observe(&mut self, subjects: &Subjects, mut event: PodEvent) -> Vec<Outgoing> {
+    pub fn observe(
+        &mut self,
+        subjects: &Subjects,
+        mut event: PodEvent,
+        sighting: Sighting,
+    ) -> Vec<Outgoing> {
         let key = uid(&event).to_owned();
         let last = self.pods.get(&key);
+        let buried = self.tombstones.get(&key);
         // A revision is one fact: published once, whoever sees it again; older ones are history.
         if last.is_some_and(|last| not_newer(&event.resource_version, &last.rv))
-            || self
-                .tombstones
-                .get(&key)
-                .is_some_and(|gone| not_newer(&event.resource_version, gone))
+            || buried.is_some_and(|gone| not_newer(&event.resource_version, gone))
         {
             return Vec::new();
         }
+        event.previous_sequence = match last {
+            Some(last) => last.sequence,
+            None if sighting == Sighting::Watch && buried.is_none() => Some(0),
+            None => None,
+        };
         if event.r#type() != EventType::Deleted {
             event.set_type(if last.is_some() {
                 EventType::Modified
@@ -206,6 +233,20 @@ impl KnownPods {
             },
         );
         out
+    }
+
+    /// Records where JetStream stored a published event (its ack's sequence), so the pod's
+    /// next event can say so. Notices are not events; an ack overtaken by a newer event of
+    /// the pod leaves that one's place unknown until its own ack.
+    pub fn acked(&mut self, out: &Outgoing, sequence: u64) {
+        if out.role != Role::Event {
+            return;
+        }
+        if let Some(last) = self.pods.get_mut(uid(&out.event))
+            && last.rv == out.event.resource_version
+        {
+            last.sequence = Some(sequence);
+        }
     }
 
     fn bury(&mut self, uid: String, rv: String) {
@@ -250,6 +291,7 @@ impl KnownPods {
             };
             event.set_type(EventType::Deleted);
             event.synthesized = true;
+            event.previous_sequence = last.sequence;
             event.resource_version = next_revision(&event.resource_version);
             self.bury(key.clone(), event.resource_version.clone());
             out.push(Outgoing {

@@ -262,6 +262,8 @@ pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, 
         executor_done: is_true(pod.labels.done),
         revoked: is_true(pod.labels.revoked),
         synthesized: false,
+        // Only the ingest's memory of the pod can say; see `known`.
+        previous_sequence: None,
     })
 }
 

@@ -42,6 +42,15 @@ impl Message {
     }
 }
 
+/// A message JetStream has stored, and where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acked {
+    /// The message.
+    pub message: Message,
+    /// Its stream sequence (the original's, when JetStream dropped it as a duplicate).
+    pub sequence: u64,
+}
+
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
 
 struct InFlight {
@@ -79,7 +88,7 @@ impl Publisher {
     }
 
     /// Sends a message; returns the messages acked meanwhile, oldest first.
-    pub async fn publish(&mut self, message: Message) -> Vec<Message> {
+    pub async fn publish(&mut self, message: Message) -> Vec<Acked> {
         let mut acked = Vec::new();
         while self.in_flight.len() >= self.window {
             acked.extend(self.settle_oldest().await);
@@ -102,17 +111,18 @@ impl Publisher {
     }
 
     /// The messages whose acks have arrived, oldest first, without waiting for the others.
-    pub async fn poll_acked(&mut self) -> Vec<Message> {
+    pub async fn poll_acked(&mut self) -> Vec<Acked> {
         let mut acked = Vec::new();
         while let Some(oldest) = self.in_flight.front_mut() {
             match (&mut oldest.ack).now_or_never() {
                 None => break,
                 Some(Ok(ack)) => {
-                    if ack.duplicate {
-                        self.duplicates += 1;
-                    }
+                    let sequence = self.count(&ack);
                     if let Some(done) = self.in_flight.pop_front() {
-                        acked.push(done.message);
+                        acked.push(Acked {
+                            message: done.message,
+                            sequence,
+                        });
                     }
                 }
                 Some(Err(error)) => {
@@ -128,7 +138,7 @@ impl Publisher {
     }
 
     /// Waits for every in-flight ack; returns the acked messages, oldest first.
-    pub async fn drain(&mut self) -> Vec<Message> {
+    pub async fn drain(&mut self) -> Vec<Acked> {
         let mut acked = Vec::new();
         while !self.in_flight.is_empty() {
             acked.extend(self.settle_oldest().await);
@@ -136,17 +146,15 @@ impl Publisher {
         acked
     }
 
-    async fn settle_oldest(&mut self) -> Vec<Message> {
+    async fn settle_oldest(&mut self) -> Vec<Acked> {
         let Some(oldest) = self.in_flight.pop_front() else {
             return Vec::new();
         };
         match oldest.ack.await {
-            Ok(ack) => {
-                if ack.duplicate {
-                    self.duplicates += 1;
-                }
-                vec![oldest.message]
-            }
+            Ok(ack) => vec![Acked {
+                message: oldest.message,
+                sequence: self.count(&ack),
+            }],
             Err(error) => {
                 tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
                 self.recover(Some(oldest.message), None).await
@@ -156,14 +164,14 @@ impl Publisher {
 
     /// Publishes `first`, every in-flight message, then `last` again, in that order, one at a
     /// time, each until acked.
-    async fn recover(&mut self, first: Option<Message>, last: Option<Message>) -> Vec<Message> {
+    async fn recover(&mut self, first: Option<Message>, last: Option<Message>) -> Vec<Acked> {
         let mut pending: Vec<Message> = first.into_iter().collect();
         pending.extend(self.in_flight.drain(..).map(|f| f.message));
         pending.extend(last);
         let mut acked = Vec::with_capacity(pending.len());
         for message in pending {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-            loop {
+            let sequence = loop {
                 let attempt = async {
                     let ack = self
                         .js
@@ -172,20 +180,23 @@ impl Publisher {
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ack.await?)
                 };
                 match attempt.await {
-                    Ok(ack) => {
-                        if ack.duplicate {
-                            self.duplicates += 1;
-                        }
-                        break;
-                    }
+                    Ok(ack) => break self.count(&ack),
                     Err(error) => {
                         tracing::warn!(subject = message.subject(), %error, retry_in_ms = backoff.delay().as_millis() as u64, "publish failed; retrying");
                         backoff.wait().await;
                     }
                 }
-            }
-            acked.push(message);
+            };
+            acked.push(Acked { message, sequence });
         }
         acked
+    }
+
+    /// Counts a duplicate; returns the ack's stream sequence.
+    fn count(&mut self, ack: &PublishAck) -> u64 {
+        if ack.duplicate {
+            self.duplicates += 1;
+        }
+        ack.sequence
     }
 }

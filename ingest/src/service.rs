@@ -28,9 +28,9 @@ use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
-use crate::known::{KnownPods, Outgoing};
+use crate::known::{KnownPods, Outgoing, Sighting};
 use crate::projection::OWNER_LABEL;
-use crate::publisher::{Message, Publisher};
+use crate::publisher::{Acked, Message, Publisher};
 use crate::watched_pod::WatchedPod;
 
 /// How often acks that arrived while nothing was published are collected.
@@ -200,7 +200,7 @@ pub async fn run(
                             listing.items.push(projected);
                         } else {
                             // Nothing to replay: publish as the list streams in.
-                            ingest.publish_projected(projected).await;
+                            ingest.publish_projected(projected, Sighting::Listing).await;
                         }
                     }
                     Ok(watcher::Event::InitDone) => {
@@ -208,8 +208,8 @@ pub async fn run(
                         let api = apis.get(index).map(|(_, api)| api.clone());
                         ingest.after_list(scope.as_deref(), api, listing).await;
                     }
-                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, pod).await,
-                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, pod).await,
+                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, pod, Sighting::Watch).await,
+                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, pod, Sighting::Watch).await,
                     Err(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
                 }
             }
@@ -286,7 +286,7 @@ impl Ingest {
             seen.extend(self.replay(scope, &api, rv).await);
         }
         for item in listing.items {
-            self.publish_projected(item).await;
+            self.publish_projected(item, Sighting::Listing).await;
         }
         let synthesized = self.known.vanished(&self.subjects, scope, &seen);
         if !synthesized.is_empty() {
@@ -339,7 +339,7 @@ impl Ingest {
             if let Some(uid) = pod.metadata.uid.clone() {
                 touched.insert(uid);
             }
-            self.observe(kind, pod).await;
+            self.observe(kind, pod, Sighting::Listing).await;
         }
         tracing::info!(namespace = ?scope, replayed = touched.len(), from = rv, "replayed history");
         touched
@@ -367,13 +367,13 @@ impl Ingest {
         }
     }
 
-    async fn publish_event(&mut self, event: PodEvent) {
+    async fn publish_event(&mut self, event: PodEvent, sighting: Sighting) {
         if let Ok(rv) = event.resource_version.parse::<u64>()
             && self.cursor.is_none_or(|c| rv > c)
         {
             self.cursor = Some(rv);
         }
-        let outgoing = self.known.observe(&self.subjects, event);
+        let outgoing = self.known.observe(&self.subjects, event, sighting);
         if outgoing.is_empty() {
             self.stats.skipped += 1;
         }
@@ -382,14 +382,14 @@ impl Ingest {
         }
     }
 
-    async fn observe(&mut self, kind: EventType, pod: WatchedPod) {
+    async fn observe(&mut self, kind: EventType, pod: WatchedPod, sighting: Sighting) {
         let projected = self.project(kind, pod);
-        self.publish_projected(projected).await;
+        self.publish_projected(projected, sighting).await;
     }
 
-    async fn publish_projected(&mut self, projected: Projected) {
+    async fn publish_projected(&mut self, projected: Projected, sighting: Sighting) {
         match projected {
-            Projected::Event(event) => self.publish_event(*event).await,
+            Projected::Event(event) => self.publish_event(*event, sighting).await,
             Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
         }
     }
@@ -400,11 +400,12 @@ impl Ingest {
         self.acked(acked);
     }
 
-    fn acked(&mut self, acked: Vec<Message>) {
-        for message in acked {
+    fn acked(&mut self, acked: Vec<Acked>) {
+        for Acked { message, sequence } in acked {
             match message {
                 Message::Pod(out) => {
                     log_published(&out);
+                    self.known.acked(&out, sequence);
                     self.stats.published += 1;
                     if out.event.synthesized {
                         self.stats.synthesized += 1;

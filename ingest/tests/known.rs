@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use podstream_ingest::known::{KnownPods, Role};
+use podstream_ingest::known::{KnownPods, Role, Sighting};
 use podstream_proto::subject::Subjects;
 use podstream_proto::v1::{EventType, Phase};
 use podstream_proto::{PodEvent, PodRef};
@@ -31,7 +31,7 @@ type Published = Vec<(String, String, Role, EventType)>;
 fn observe(known: &mut KnownPods, event: PodEvent) -> Published {
     let subjects = Subjects::new("podstream").unwrap();
     known
-        .observe(&subjects, event)
+        .observe(&subjects, event, Sighting::Listing)
         .into_iter()
         .map(|out| (out.subject, out.msg_id, out.role, out.event.r#type()))
         .collect()
@@ -156,4 +156,128 @@ fn a_list_without_a_known_pod_synthesizes_its_delete_in_scope_only() {
     );
     // A whole-cluster list without "elsewhere" synthesizes that one too.
     assert_eq!(known.vanished(&subjects, None, &listed).len(), 1);
+}
+
+/// One step of the previous-sequence table.
+enum Step {
+    /// The ingest sees an event; its published event says this of the pod's previous one.
+    See(Box<PodEvent>, Sighting, Option<u64>),
+    /// JetStream acks the event of pod `uid` at revision `rv` (or its notice) at a sequence.
+    Ack(&'static str, u64, Role, u64),
+}
+
+#[test]
+fn each_event_says_where_the_pods_previous_event_went_when_the_ingest_knows() {
+    use EventType::{Deleted, Modified};
+    use Sighting::{Listing, Watch};
+    use Step::{Ack, See};
+    let subjects = Subjects::new("podstream").unwrap();
+    let mut known = KnownPods::new();
+    let mut published: Vec<podstream_ingest::known::Outgoing> = Vec::new();
+    let table = vec![
+        // A pod a live watch shows for the first time had no earlier event.
+        See(
+            Box::new(event("a", "airflow", "1", 10, Modified)),
+            Watch,
+            Some(0),
+        ),
+        Ack("a", 10, Role::Event, 101),
+        // Its next event points at the acked one.
+        See(
+            Box::new(event("a", "airflow", "1", 12, Modified)),
+            Watch,
+            Some(101),
+        ),
+        // Published before that ack came back: unknown.
+        See(
+            Box::new(event("a", "airflow", "1", 13, Modified)),
+            Watch,
+            None,
+        ),
+        // A late ack of an overtaken event changes nothing; the last one's ack counts.
+        Ack("a", 12, Role::Event, 102),
+        See(
+            Box::new(event("a", "airflow", "1", 14, Modified)),
+            Listing,
+            None,
+        ),
+        Ack("a", 14, Role::Event, 104),
+        // A relabel: the event points at the last event; the notice's ack is no event.
+        See(
+            Box::new(event("a", "airflow", "2", 15, Modified)),
+            Watch,
+            Some(104),
+        ),
+        Ack("a", 15, Role::Left, 106),
+        Ack("a", 15, Role::Event, 105),
+        See(
+            Box::new(event("a", "airflow", "2", 20, Deleted)),
+            Watch,
+            Some(105),
+        ),
+        // Back after its delete (the label removed and set again): not a first sighting.
+        See(
+            Box::new(event("a", "airflow", "2", 25, Modified)),
+            Watch,
+            None,
+        ),
+        // A list or a replay cannot vouch for a pod it did not know: an earlier process may
+        // have published it.
+        See(
+            Box::new(event("b", "airflow", "1", 30, Modified)),
+            Listing,
+            None,
+        ),
+    ];
+    for (n, step) in table.into_iter().enumerate() {
+        match step {
+            See(seen, sighting, expected) => {
+                let out = known.observe(&subjects, (*seen).clone(), sighting);
+                let event = out.iter().find(|o| o.role == Role::Event).unwrap();
+                assert_eq!(
+                    event.event.previous_sequence, expected,
+                    "row {n}: {seen:?} ({sighting:?})"
+                );
+                published.extend(out);
+            }
+            Ack(uid, rv, role, sequence) => {
+                let out = published
+                    .iter()
+                    .find(|o| {
+                        o.event.pod.as_ref().unwrap().uid == uid
+                            && o.event.resource_version == rv.to_string()
+                            && o.role == role
+                    })
+                    .unwrap_or_else(|| panic!("row {n}: nothing published as {uid}:{rv}"));
+                known.acked(out, sequence);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_synthesized_delete_points_at_the_pods_last_event_once_acked() {
+    let subjects = Subjects::new("podstream").unwrap();
+    // From the checkpoint: where its events went is not known.
+    let mut known =
+        KnownPods::from_events([event("restored", "airflow", "1", 5, EventType::Modified)]);
+    let seen = known.observe(
+        &subjects,
+        event("seen", "airflow", "1", 9, EventType::Modified),
+        Sighting::Watch,
+    );
+    known.acked(&seen[0], 42);
+    let mut out = known.vanished(&subjects, None, &HashSet::new());
+    out.sort_by(|a, b| a.subject.cmp(&b.subject));
+    let stamps: Vec<(&str, Option<u64>)> = out
+        .iter()
+        .map(|o| (o.subject.as_str(), o.event.previous_sequence))
+        .collect();
+    assert_eq!(
+        stamps,
+        vec![
+            ("podstream.pods.1.restored", None),
+            ("podstream.pods.1.seen", Some(42)),
+        ]
+    );
 }

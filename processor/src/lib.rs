@@ -8,6 +8,7 @@
 //! - [`state`]: the per-pod and per-TI state and the [`StateStore`] trait.
 //! - [`processor`]: [`Processor`], load → decide → store.
 //! - [`record`]: the KV record of one task instance and how one event changes it (pure).
+//! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
 //! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
 
 pub mod command;
@@ -16,6 +17,7 @@ pub mod duplicates;
 pub mod order;
 pub mod processor;
 pub mod record;
+pub mod record_cache;
 pub mod rules;
 pub mod service;
 pub mod state;

@@ -10,13 +10,20 @@
 //!   instance, different task instances are decided concurrently. Schedulers scale out.
 //! - **State.** Nothing lives only in memory: each task instance has a KV record
 //!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race (two
-//!   schedulers' consumers touching one TI, a takeover) reloads and decides again.
+//!   schedulers' consumers touching one TI, a takeover) reloads and decides again. The
+//!   records an instance wrote last stay in a bounded cache ([`RecordCache`]) with their
+//!   revisions, so a TI's next event needs no read. The TI of a pod the ingest says is new
+//!   is taken to be new too, and its record created (compare-and-set on "no entry"), which
+//!   fails, and reads, if it exists after all.
 //! - **Per-pod order across consumers.** After a relabel a pod's events sit on two owners'
 //!   subjects, pulled by two consumers. Before deciding an event at sequence `s`, the instance
 //!   asks the stream for the pod's messages after the last one its record has decided (a
 //!   wildcard lookup over every owner's subject of the pod) and decides any earlier one first;
 //!   the instance that later receives an already decided event just acks it. The same covers
-//!   the moment of a takeover, when the old instance may still hold unacked events.
+//!   the moment of a takeover, when the old instance may still hold unacked events. The
+//!   lookup is skipped when the event itself says where the pod's previous event is
+//!   (`previous_sequence`, from an ingest that knows) and that is the one the record last
+//!   decided: nothing of the pod can lie between.
 //! - **Exactly once in effect.** Commands carry deterministic `Nats-Msg-Id`s and are stored in
 //!   the record's outbox by the same write as the state; a pod event is acked only after its
 //!   commands are acked.
@@ -40,6 +47,7 @@ use tracing::{debug, info, warn};
 
 use crate::decide::identity;
 use crate::record::TaskRecord;
+use crate::record_cache::{Cached, RecordCache};
 use crate::rules::Rules;
 
 /// How the processor runs.
@@ -63,6 +71,8 @@ pub struct ProcessConfig {
     pub concurrency: usize,
     /// How long a silent instance keeps its consumer before a standby takes over.
     pub failover: Duration,
+    /// Task records kept in memory with their KV revisions (0: read each one from KV).
+    pub cached_records: usize,
     /// Settings of the streams and the bucket.
     pub streams: StreamSettings,
 }
@@ -82,6 +92,7 @@ impl Default for ProcessConfig {
             batch_size: 256,
             concurrency: 64,
             failover: Duration::from_secs(5),
+            cached_records: 32_768,
             streams: StreamSettings::default(),
         }
     }
@@ -96,14 +107,29 @@ pub struct ProcessStats {
     pub commands: u64,
     /// Pod events that were dead-lettered.
     pub dead_lettered: u64,
+    /// Searches of the stream for earlier undecided events of a pod (the ingest could not
+    /// vouch for the pod's previous event).
+    pub searches: u64,
+    /// Task records read from KV (not in the cache, or changed by another instance).
+    pub reads: u64,
+}
+
+impl std::ops::AddAssign for ProcessStats {
+    fn add_assign(&mut self, other: ProcessStats) {
+        self.decided += other.decided;
+        self.commands += other.commands;
+        self.dead_lettered += other.dead_lettered;
+        self.searches += other.searches;
+        self.reads += other.reads;
+    }
 }
 
 impl std::fmt::Display for ProcessStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "decided {}, commands {}, dead-lettered {}",
-            self.decided, self.commands, self.dead_lettered
+            "decided {}, commands {}, dead-lettered {}, searches for earlier events {}, records read {}",
+            self.decided, self.commands, self.dead_lettered, self.searches, self.reads
         )
     }
 }
@@ -168,6 +194,7 @@ pub async fn run(
         js,
         pods: pods.clone(),
         records,
+        cache: RecordCache::new(config.cached_records),
         subjects,
         rules: config.rules.clone(),
     };
@@ -207,13 +234,10 @@ pub async fn run(
             all.await
         }
     };
-    let stats = per_consumer
-        .into_iter()
-        .fold(ProcessStats::default(), |a, b| ProcessStats {
-            decided: a.decided + b.decided,
-            commands: a.commands + b.commands,
-            dead_lettered: a.dead_lettered + b.dead_lettered,
-        });
+    let mut stats = ProcessStats::default();
+    for one in per_consumer {
+        stats += one;
+    }
     info!(%stats, "processor stopped");
     Ok(stats)
 }
@@ -247,6 +271,7 @@ struct Worker {
     js: jetstream::Context,
     pods: stream::Stream,
     records: kv::Store,
+    cache: RecordCache,
     subjects: Subjects,
     rules: Rules,
 }
@@ -331,14 +356,13 @@ impl Worker {
                 Accepted::Dead => stats.dead_lettered += 1,
             }
         }
-        let results: Vec<(u64, u64)> = futures::stream::iter(groups)
+        let results: Vec<ProcessStats> = futures::stream::iter(groups)
             .map(|group| self.group(group))
             .buffer_unordered(concurrency.max(1))
             .collect()
             .await;
-        for (decided, commands) in results {
-            stats.decided += decided;
-            stats.commands += commands;
+        for one in results {
+            *stats += one;
         }
     }
 
@@ -379,21 +403,24 @@ impl Worker {
     }
 
     /// Decides the events of one TI in order, retrying each until it is done.
-    async fn group(&self, group: Vec<Delivery>) -> (u64, u64) {
-        let mut cached: Option<(TaskRecord, u64)> = None;
-        let (mut decided, mut published) = (0, 0);
+    async fn group(&self, group: Vec<Delivery>) -> ProcessStats {
+        let mut stats = ProcessStats::default();
+        let Some(key) = group.first().map(|d| d.key.clone()) else {
+            return stats;
+        };
+        let mut known = self.cache.take(&key).map(Known::Cached);
         for delivery in group {
             let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
             loop {
-                match self.decide(&delivery, &mut cached).await {
+                match self.decide(&delivery, &mut known, &mut stats).await {
                     Ok(commands) => {
-                        decided += 1;
-                        published += commands;
+                        stats.decided += 1;
+                        stats.commands += commands;
                         ack(&delivery.message).await;
                         break;
                     }
                     Err(error) => {
-                        cached = None;
+                        known = Some(Known::Unsure);
                         warn!(%error, ti = %delivery.key, sequence = delivery.sequence,
                             retry_in_ms = backoff.delay().as_millis() as u64, "deciding an event failed; retrying");
                         backoff.wait().await;
@@ -401,7 +428,10 @@ impl Worker {
                 }
             }
         }
-        (decided, published)
+        if let Some(Known::Cached(record)) = known {
+            self.cache.put(key, record);
+        }
+        stats
     }
 
     /// Decides one event (and any earlier undecided event of its pod), writes the record with
@@ -409,15 +439,22 @@ impl Worker {
     async fn decide(
         &self,
         delivery: &Delivery,
-        cached: &mut Option<(TaskRecord, u64)>,
+        known: &mut Option<Known>,
+        stats: &mut ProcessStats,
     ) -> Result<u64, Retry> {
         let uid = identity(&delivery.event)
             .map(|(pod, _)| pod.uid.clone())
             .unwrap_or_default();
         loop {
-            let (mut record, revision, fresh) = match cached.take() {
-                Some((record, revision)) => (record, revision, false),
-                None => {
+            let (mut record, revision, fresh) = match known.take() {
+                Some(Known::Cached(Cached { record, revision })) => (record, revision, false),
+                // A pod the ingest says is new nearly always means a new TI: try creating its
+                // record, and read it only when that write finds one.
+                None if delivery.event.previous_sequence == Some(0) => {
+                    (TaskRecord::default(), 0, false)
+                }
+                None | Some(Known::Unsure) => {
+                    stats.reads += 1;
                     let (record, revision) = self.load(&delivery.key).await?;
                     (record, revision, true)
                 }
@@ -429,11 +466,20 @@ impl Worker {
             let last = record.last_sequence(&uid);
             if delivery.sequence <= last {
                 debug!(uid = %uid, ti = %delivery.key, sequence = delivery.sequence, "already decided");
-                *cached = Some((record, revision));
+                *known = Some(Known::Cached(Cached { record, revision }));
                 return Ok(0);
             }
             let mut commands = Vec::new();
-            for (sequence, earlier) in self.earlier(&uid, last, delivery.sequence).await? {
+            // Where the ingest says the pod's previous event is, and the record has decided
+            // it: nothing earlier can be pending.
+            let vouched = delivery.event.previous_sequence == Some(last);
+            let earlier = if vouched {
+                Vec::new()
+            } else {
+                stats.searches += 1;
+                self.earlier(&uid, last, delivery.sequence).await?
+            };
+            for (sequence, earlier) in earlier {
                 let same_task =
                     identity(&earlier).is_ok_and(|(_, task)| TaskRecord::key(task) == delivery.key);
                 if same_task && let Ok(more) = record.apply(&self.rules, &earlier, sequence) {
@@ -454,11 +500,12 @@ impl Worker {
             {
                 Ok(revision) => {
                     self.publish(&commands).await?;
-                    *cached = Some((record, revision));
+                    *known = Some(Known::Cached(Cached { record, revision }));
                     return Ok(commands.len() as u64);
                 }
                 Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     debug!(ti = %delivery.key, "task record changed meanwhile; deciding again");
+                    *known = Some(Known::Unsure);
                 }
                 Err(error) => return Err(Retry::Store(error.to_string())),
             }
@@ -553,6 +600,14 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// What one instance knows of a TI's record before deciding its next event.
+enum Known {
+    /// The record as this instance last wrote or read it.
+    Cached(Cached),
+    /// Read it from KV: a write failed or lost a race.
+    Unsure,
 }
 
 enum Accepted {

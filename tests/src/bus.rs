@@ -9,7 +9,7 @@ use async_nats::jetstream::{
 };
 use futures::StreamExt;
 use podstream_bus::streams::{self, StreamSettings};
-use podstream_ingest::known::KnownPods;
+use podstream_ingest::known::{KnownPods, Outgoing, Sighting};
 use podstream_proto::PodEvent;
 use podstream_proto::subject::Subjects;
 use prost::Message as _;
@@ -155,6 +155,7 @@ pub struct PodFeed {
     pub js: jetstream::Context,
     known: KnownPods,
     subjects: Subjects,
+    sighting: Sighting,
 }
 
 impl PodFeed {
@@ -179,32 +180,47 @@ impl PodFeed {
             js,
             known: KnownPods::new(),
             subjects: Subjects::default(),
+            sighting: Sighting::Watch,
         }
     }
 
-    /// Publishes `events` in order and waits for every ack.
+    /// From now on, publishes as an ingest that cannot vouch for any pod's previous event
+    /// (an older ingest, or its first list after a restart): no `previous_sequence`.
+    pub fn unvouched(mut self) -> PodFeed {
+        self.sighting = Sighting::Listing;
+        self
+    }
+
+    /// Publishes `events` in order and waits for every ack. Like the ingest's live watch, it
+    /// tells each event where the pod's previous one went when that ack has come back
+    /// (unless [`PodFeed::unvouched`]).
     ///
     /// # Panics
     /// When JetStream refuses.
     pub async fn publish(&mut self, events: Vec<PodEvent>) {
         let mut acks = Vec::new();
         for event in events {
-            for out in self.known.observe(&self.subjects, event) {
-                acks.push(
-                    self.js
-                        .send_publish(out.subject.clone(), out.to_publish())
-                        .await
-                        .unwrap_or_else(|e| panic!("publishing: {e}")),
-                );
+            for out in self.known.observe(&self.subjects, event, self.sighting) {
+                let ack = self
+                    .js
+                    .send_publish(out.subject.clone(), out.to_publish())
+                    .await
+                    .unwrap_or_else(|e| panic!("publishing: {e}"));
+                acks.push((out, ack));
             }
             if acks.len() >= 512 {
-                for ack in acks.drain(..) {
-                    ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
-                }
+                self.settle(acks.drain(..)).await;
             }
         }
-        for ack in acks {
-            ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
+        self.settle(acks.into_iter()).await;
+    }
+
+    async fn settle(&mut self, acks: impl Iterator<Item = (Outgoing, PublishAckFuture)>) {
+        for (out, ack) in acks {
+            let ack = ack.await.unwrap_or_else(|e| panic!("publish ack: {e}"));
+            if self.sighting == Sighting::Watch {
+                self.known.acked(&out, ack.sequence);
+            }
         }
     }
 }

@@ -178,7 +178,36 @@ type StoredEvent = (Fact, String, bool);
 type Notice = (String, u64, String);
 
 /// The role=event messages as facts, and the role=left messages as notices.
+/// Checks what each event says of its pod's previous event, where it says anything: 0 when
+/// the stream holds no earlier event of the pod, else the sequence of the pod's last earlier
+/// event (notices are not events). Returns how many events said something.
+fn assert_previous_sequences(stored: &[Stored]) -> usize {
+    let mut last_event: HashMap<String, u64> = HashMap::new();
+    let mut vouched = 0;
+    for message in stored {
+        if message.header("Podstream-Role") != Some("event") {
+            continue;
+        }
+        let event = message.pod_event();
+        let uid = event.pod.as_ref().unwrap().uid.clone();
+        if let Some(previous) = event.previous_sequence {
+            vouched += 1;
+            assert_eq!(
+                previous,
+                last_event.get(&uid).copied().unwrap_or(0),
+                "event at {} of pod {uid}",
+                message.sequence
+            );
+        }
+        last_event.insert(uid, message.sequence);
+    }
+    vouched
+}
+
+/// Every pod event and notice in the stream; also checks (in every scenario: crashes, 410s,
+/// NATS restarts) that what an event says of its pod's previous event is true.
 fn read_facts(stored: &[Stored]) -> (Vec<StoredEvent>, Vec<Notice>) {
+    assert_previous_sequences(stored);
     let subjects = Subjects::new("podstream").unwrap();
     let mut events = Vec::new();
     let mut notices = Vec::new();
@@ -288,6 +317,14 @@ async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
     let (events, notices) = read_facts(&stored);
     assert_exactly(&events, &scenario.facts);
     assert!(events.iter().all(|(_, _, synthesized)| !synthesized));
+    // Watched live, most events can say where their pod's previous one is (not those
+    // published before that one's ack came back).
+    let vouched = assert_previous_sequences(&stored);
+    assert!(
+        vouched * 2 > events.len(),
+        "only {vouched} of {} events vouched for",
+        events.len()
+    );
 
     // Each relabel: the new owner's subject has the event, the old owner's the notice.
     let notices: HashSet<Notice> = notices.into_iter().collect();

@@ -26,13 +26,16 @@ struct Processor {
 }
 
 fn start(nats: &str, schedulers: &[&str], batch_size: usize) -> Processor {
-    podstream_tests::init_tracing();
-    let config = ProcessConfig {
+    start_with(ProcessConfig {
         nats_url: nats.to_owned(),
         schedulers: schedulers.iter().map(|s| (*s).to_owned()).collect(),
         batch_size,
         ..ProcessConfig::default()
-    };
+    })
+}
+
+fn start_with(config: ProcessConfig) -> Processor {
+    podstream_tests::init_tracing();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(service::run(config, async move {
         let _ = stopped.await;
@@ -381,5 +384,70 @@ async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
     ];
     for (pod, kinds) in &per_pod {
         assert_eq!(kinds, &expected, "{pod}");
+    }
+}
+
+/// Two rounds over the same pods (Running, then Succeeded), with the processor running: the
+/// commands, and the processor's counters of stream searches and record reads.
+async fn two_rounds(vouched: bool, cached_records: usize) -> (Vec<(String, String)>, ProcessStats) {
+    const N: u64 = 100;
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    if !vouched {
+        feed = feed.unvouched();
+    }
+    let processor = start_with(ProcessConfig {
+        nats_url: nats.url(),
+        cached_records,
+        ..ProcessConfig::default()
+    });
+    for (round, phase) in [(0, Phase::Running), (1, Phase::Succeeded)] {
+        let events = (0..N)
+            .map(|i| event(&format!("p{i}"), "1", 100 + round * N + i, phase))
+            .collect();
+        feed.publish(events).await;
+        wait_for_commands(&feed.js, N * (round + 1)).await;
+    }
+    let got = wait_for_commands(&feed.js, 2 * N).await;
+    let stats = processor.stop().await;
+    let mut seen: Vec<(String, String)> = got
+        .iter()
+        .map(|(_, c)| (uid(c).to_owned(), kind(c).to_owned()))
+        .collect();
+    seen.sort();
+    (seen, stats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn what_the_ingest_vouches_for_spares_the_searches_and_the_cache_spares_the_reads() {
+    let expected: Vec<(String, String)> = (0..100)
+        .flat_map(|i| {
+            [
+                (format!("uid-p{i}"), "completed".to_owned()),
+                (format!("uid-p{i}"), "running".to_owned()),
+            ]
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // (the ingest vouches, records cached) → (decided, searches, records read).
+    let table = [
+        // Each event says where its pod's previous one is, and the records stay cached: the
+        // first round creates the records unread, the second finds them in the cache.
+        ((true, 1024), (200, 0, 0)),
+        // No cache: the second round reads each record.
+        ((true, 0), (200, 0, 100)),
+        // Nothing vouched for: every event searches, and a pod not known to be new has its
+        // record read before the first write.
+        ((false, 1024), (200, 200, 100)),
+    ];
+    for ((vouched, cached), want) in table {
+        let (seen, stats) = two_rounds(vouched, cached).await;
+        assert_eq!(seen, expected, "vouched {vouched}, cache {cached}");
+        assert_eq!(
+            (stats.decided, stats.searches, stats.reads),
+            want,
+            "vouched {vouched}, cache {cached}"
+        );
     }
 }
