@@ -50,7 +50,7 @@ pub struct ProcessArgs {
     #[arg(
         long,
         env = "PODSTREAM_PROCESS_CACHED_RECORDS",
-        default_value_t = 32_768
+        default_value_t = 8_192
     )]
     pub cached_records: usize,
     #[command(flatten)]

@@ -22,8 +22,11 @@ use crate::state::{PodState, Prior, TaskState};
 /// The KV entry of one task instance.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TaskRecord {
-    /// Every pod that ever mapped to the TI, deleted ones as tombstones, by uid.
-    pub pods: BTreeMap<String, PodRecord>,
+    /// Every pod that ever mapped to the TI, deleted ones as tombstones, by uid: nearly
+    /// always one or two, so a list (a map's first node alone is a kilobyte, which the
+    /// service's record cache would hold per TI). A JSON object on the wire.
+    #[serde(with = "by_uid")]
+    pub pods: Vec<(String, PodRecord)>,
     /// The TI's state; `None` when no live pod maps to it.
     pub task: Option<TaskState>,
     /// The commands of the last write, kept until a later write: whoever loads the record
@@ -62,7 +65,15 @@ impl TaskRecord {
 
     /// Stream sequence of the last decided event of pod `uid`; 0 when none was.
     pub fn last_sequence(&self, uid: &str) -> u64 {
-        self.pods.get(uid).map_or(0, |p| p.sequence)
+        self.pod(uid).map_or(0, |p| p.sequence)
+    }
+
+    fn pod(&self, uid: &str) -> Option<&PodRecord> {
+        self.pods.iter().find(|(u, _)| u == uid).map(|(_, p)| p)
+    }
+
+    fn pod_mut(&mut self, uid: &str) -> Option<&mut PodRecord> {
+        self.pods.iter_mut().find(|(u, _)| u == uid).map(|(_, p)| p)
     }
 
     /// Decides `event`, found at stream `sequence`, and records the result; returns the
@@ -80,16 +91,13 @@ impl TaskRecord {
         }
         // The state moves out of the record and back, as in `MemoryStore`.
         let prior = Prior {
-            pod: self
-                .pods
-                .get_mut(&uid)
-                .map(|p| std::mem::take(&mut p.state)),
+            pod: self.pod_mut(&uid).map(|p| std::mem::take(&mut p.state)),
             task: self.task.take(),
         };
         match decide_identified(rules, event, pod, key, prior) {
             Decision::Stale { prior } => {
                 self.task = prior.task;
-                if let Some(record) = self.pods.get_mut(&uid) {
+                if let Some(record) = self.pod_mut(&uid) {
                     if let Some(state) = prior.pod {
                         record.state = state;
                     }
@@ -98,13 +106,14 @@ impl TaskRecord {
                 Ok(Vec::new())
             }
             Decision::Applied(applied) => {
-                self.pods.insert(
-                    uid,
-                    PodRecord {
-                        state: applied.pod,
-                        sequence,
-                    },
-                );
+                let record = PodRecord {
+                    state: applied.pod,
+                    sequence,
+                };
+                match self.pod_mut(&uid) {
+                    Some(known) => *known = record,
+                    None => self.pods.push((uid, record)),
+                }
                 self.task = applied.task;
                 Ok(applied
                     .commands
@@ -123,6 +132,27 @@ impl TaskRecord {
     /// Reads a record written by [`TaskRecord::encode`].
     pub fn decode(bytes: &[u8]) -> Result<TaskRecord, serde_json::Error> {
         serde_json::from_slice(bytes)
+    }
+}
+
+/// `TaskRecord::pods` as a JSON object keyed by uid, as records have always been written.
+mod by_uid {
+    use super::{BTreeMap, PodRecord};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        pods: &[(String, PodRecord)],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(pods.iter().map(|(uid, pod)| (uid, pod)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<(String, PodRecord)>, D::Error> {
+        Ok(BTreeMap::<String, PodRecord>::deserialize(deserializer)?
+            .into_iter()
+            .collect())
     }
 }
 
@@ -146,6 +176,17 @@ fn key_token(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_are_a_json_object_by_uid_as_records_have_always_been_written() {
+        let written = r#"{"pods":{"u1":{"state":{"owner":"1","resource_version":"5","gone":false},"sequence":7},"u2":{"state":{"owner":"2","resource_version":"9","gone":true},"sequence":11}},"task":null,"outbox":[]}"#;
+        let record = TaskRecord::decode(written.as_bytes()).unwrap();
+        assert_eq!(record.last_sequence("u1"), 7);
+        assert_eq!(record.last_sequence("u2"), 11);
+        assert_eq!(record.last_sequence("u3"), 0);
+        let again = String::from_utf8(record.encode().unwrap()).unwrap();
+        assert_eq!(again, written);
+    }
 
     #[test]
     fn keys_use_only_kv_key_characters_and_stay_distinct() {

@@ -92,7 +92,7 @@ impl Default for ProcessConfig {
             batch_size: 256,
             concurrency: 64,
             failover: Duration::from_secs(5),
-            cached_records: 32_768,
+            cached_records: 8_192,
             streams: StreamSettings::default(),
         }
     }

@@ -106,9 +106,19 @@ async fn committed(db: &Database, created: &HashMap<String, f64>) -> (Vec<f64>, 
     }
 }
 
-/// Where the time goes at a low rate: simulator → pods stream (ingest), pods stream →
-/// commands stream (processor), read from JetStream's own timestamps.
-async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) {
+/// Per stage, from JetStream's own timestamps: each event's latency (simulator → pods stream
+/// for the ingest, pods stream → commands stream for the processor), and when the stage had
+/// passed on the last of them, in seconds after the first pod was created.
+struct Stages {
+    ingest: Vec<f64>,
+    process: Vec<f64>,
+    ingest_done: f64,
+    process_done: f64,
+}
+
+async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) -> Stages {
+    let first = created.values().copied().fold(f64::MAX, f64::min);
+    let (mut ingest_done, mut process_done) = (first, first);
     let mut event_at = HashMap::new();
     let mut ingest = Vec::new();
     for message in bus::read_all(js, "PODSTREAM_PODS").await {
@@ -116,6 +126,7 @@ async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) {
         let uid = event.pod.map(|p| p.uid).unwrap_or_default();
         if let Some(made) = created.get(&uid) {
             ingest.push((message.published - made) * 1000.0);
+            ingest_done = ingest_done.max(message.published);
             event_at.insert(uid, message.published);
         }
     }
@@ -126,15 +137,28 @@ async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) {
         let uid = command.pod.map(|p| p.uid).unwrap_or_default();
         if let Some(at) = event_at.get(&uid) {
             process.push((message.published - at) * 1000.0);
+            process_done = process_done.max(message.published);
         }
     }
-    for (stage, mut values) in [("ingest", ingest), ("processor", process)] {
-        values.sort_by(f64::total_cmp);
-        println!(
-            "  {stage:>9}: p50 {:>6.1} ms, p99 {:>6.1} ms",
-            percentile(&values, 0.5),
-            percentile(&values, 0.99)
-        );
+    ingest.sort_by(f64::total_cmp);
+    process.sort_by(f64::total_cmp);
+    Stages {
+        ingest,
+        process,
+        ingest_done: ingest_done - first,
+        process_done: process_done - first,
+    }
+}
+
+impl Stages {
+    fn print_latencies(&self) {
+        for (stage, values) in [("ingest", &self.ingest), ("processor", &self.process)] {
+            println!(
+                "  {stage:>9}: p50 {:>6.1} ms, p99 {:>6.1} ms",
+                percentile(values, 0.5),
+                percentile(values, 0.99)
+            );
+        }
     }
 }
 
@@ -215,7 +239,7 @@ fn main() {
             let created = tokio::task::spawn_blocking(move || drive(cluster, phase, count, rate)).await.unwrap();
             let (latencies, span) = committed(&db, &created).await;
             if rate <= 1_000 {
-                stages(&js, &created).await;
+                stages(&js, &created).await.print_latencies();
             }
             println!(
                 "paced {rate:>6}/s for {seconds} s: {count} commits in {span:.2} s = {:>7.0} events/s; latency p50 {:>6.1} ms, p99 {:>6.1} ms, max {:>6.1} ms",
@@ -234,6 +258,12 @@ fn main() {
             rate / raw,
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99)
+        );
+        // Which stage holds the burst back: when each had passed on the last pod.
+        let burst_stages = stages(&js, &created).await;
+        println!(
+            "  every pod event stored after {:.2} s (ingest), every command after {:.2} s (processor), every commit after {span:.2} s (sink)",
+            burst_stages.ingest_done, burst_stages.process_done
         );
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
         println!("podstream run memory: {rss_now} MB resident, {rss_peak} MB peak");
