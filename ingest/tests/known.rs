@@ -208,8 +208,8 @@ fn each_event_says_where_the_pods_previous_event_went_when_the_ingest_knows() {
             Watch,
             Some(104),
         ),
-        Ack("a", 15, Role::Left, 106),
         Ack("a", 15, Role::Event, 105),
+        Ack("a", 15, Role::Left, 106),
         See(
             Box::new(event("a", "airflow", "2", 20, Deleted)),
             Watch,
