@@ -6,4 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
-cargo test --workspace --all-targets "$@"
+# Build every target first, the `podstream` binary among them, in one
+# invocation: the binary then shares the test build's dependencies (same
+# feature set) and the end-to-end tests run it instead of building a second
+# copy of the dependency graph for it.
+cargo build --workspace --all-targets
+target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+PODSTREAM_BIN="$target/debug/podstream" \
+    cargo test --workspace --all-targets "$@"
