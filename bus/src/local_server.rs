@@ -78,6 +78,11 @@ impl LocalServer {
         Ok(server)
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)

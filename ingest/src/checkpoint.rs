@@ -23,7 +23,7 @@ use podstream_proto::PodEvent;
 use podstream_proto::v1::EventType;
 use prost::Message as _;
 
-use crate::known::{Outgoing, Role, uid};
+use crate::known::{FastHash, Outgoing, Role, uid};
 
 /// Key holding the last published resourceVersion.
 const RESUME_KEY: &str = "resume";
@@ -110,7 +110,7 @@ pub struct Checkpoint {
     stream: String,
     js: jetstream::Context,
     /// Per shard, uid → last acked event, encoded.
-    shards: Vec<HashMap<String, Bytes>>,
+    shards: Vec<HashMap<String, Bytes, FastHash>>,
     dirty: Vec<bool>,
     dirty_list: Vec<usize>,
     /// Keys of an older layout found at load, purged once the shards are written.
@@ -169,7 +169,7 @@ impl Checkpoint {
             kv,
             stream: format!("KV_{bucket}"),
             js: js.clone(),
-            shards: vec![HashMap::new(); SHARDS],
+            shards: vec![HashMap::default(); SHARDS],
             dirty: vec![false; SHARDS],
             dirty_list: Vec::new(),
             stale: Vec::new(),

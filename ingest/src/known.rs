@@ -15,6 +15,7 @@
 //! earlier undecided events of the pod.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
 
 use bytes::Bytes;
 use podstream_proto::PodEvent;
@@ -112,14 +113,21 @@ pub enum Sighting {
     Listing,
 }
 
+/// The hasher of the ingest's per-pod maps: uids come from the apiserver, not from an
+/// adversary who could flood one bucket, and SipHash was a visible share of each event.
+pub type FastHash = foldhash::fast::RandomState;
+
+/// A set of pod uids.
+pub type UidSet = HashSet<String, FastHash>;
+
 /// Deleted pods remembered (uid → deletion revision), so a late copy of the delete is skipped.
 const TOMBSTONES: usize = 65_536;
 
 /// The last published event of every pod the ingest knows.
 #[derive(Debug, Default, Clone)]
 pub struct KnownPods {
-    pods: HashMap<String, Last>,
-    tombstones: HashMap<String, String>,
+    pods: HashMap<String, Last, FastHash>,
+    tombstones: HashMap<String, String, FastHash>,
     tombstone_order: VecDeque<String>,
 }
 
@@ -266,11 +274,11 @@ impl KnownPods {
     ///
     /// The synthesized event carries the pod's last facts and a resourceVersion one past its
     /// last, so the rules see it as newer than anything published for the pod.
-    pub fn vanished(
+    pub fn vanished<S: BuildHasher>(
         &mut self,
         subjects: &Subjects,
         scope: Option<&str>,
-        listed: &HashSet<String>,
+        listed: &HashSet<String, S>,
     ) -> Vec<Outgoing> {
         let mut gone: Vec<String> = self
             .pods

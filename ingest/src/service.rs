@@ -11,7 +11,6 @@
 //! 3. pods the ingest knew that were neither listed nor replayed vanished unseen: each gets a
 //!    synthesized delete.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
@@ -28,13 +27,16 @@ use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
-use crate::known::{KnownPods, Outgoing, Sighting};
+use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
 use crate::projection::OWNER_LABEL;
 use crate::publisher::{Acked, Message, Publisher};
 use crate::watched_pod::WatchedPod;
 
 /// How often acks that arrived while nothing was published are collected.
 const ACK_POLL: Duration = Duration::from_millis(50);
+
+/// Watch items read ahead of the publishing loop (a page of a list is 500 pods).
+const READ_AHEAD: usize = 1024;
 
 /// How long a history replay waits for the next event before it counts as caught up.
 const REPLAY_IDLE: Duration = Duration::from_millis(200);
@@ -177,7 +179,7 @@ pub async fn run(
 
     ingest.cursor = restored.resume;
     tokio::pin!(shutdown);
-    let mut events = watch_all(&apis);
+    let mut events = read_ahead(watch_all(&apis, ingest.subjects.clone()), READ_AHEAD);
     let mut listings: Vec<Option<Listing>> = (0..apis.len()).map(|_| None).collect();
     let mut tick = tokio::time::interval(ACK_POLL);
     loop {
@@ -188,29 +190,27 @@ pub async fn run(
                 let Some((index, item)) = item else { break };
                 let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
                 match item {
-                    Ok(watcher::Event::Init) => listings[index] = Some(Listing::starting_at(ingest.cursor)),
-                    Ok(watcher::Event::InitApply(pod)) => {
+                    Watched::ListStarted => listings[index] = Some(Listing::starting_at(ingest.cursor)),
+                    Watched::Listed { uid, pod } => {
                         let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
-                        if let Some(uid) = pod.metadata.uid.clone() {
+                        if let Some(uid) = uid {
                             listing.seen.insert(uid);
                         }
-                        let projected = ingest.project(EventType::Added, pod);
                         if listing.replay_from.is_some() {
                             // Held back: the history replay goes first.
-                            listing.items.push(projected);
+                            listing.items.push(pod);
                         } else {
                             // Nothing to replay: publish as the list streams in.
-                            ingest.publish_projected(projected, Sighting::Listing).await;
+                            ingest.publish_projected(pod, Sighting::Listing).await;
                         }
                     }
-                    Ok(watcher::Event::InitDone) => {
+                    Watched::ListDone => {
                         let listing = listings[index].take().unwrap_or_default();
                         let api = apis.get(index).map(|(_, api)| api.clone());
                         ingest.after_list(scope.as_deref(), api, listing).await;
                     }
-                    Ok(watcher::Event::Apply(pod)) => ingest.observe(EventType::Modified, pod, Sighting::Watch).await,
-                    Ok(watcher::Event::Delete(pod)) => ingest.observe(EventType::Deleted, pod, Sighting::Watch).await,
-                    Err(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
+                    Watched::Changed(pod) => ingest.publish_projected(pod, Sighting::Watch).await,
+                    Watched::Failed(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
                 }
             }
         }
@@ -218,23 +218,90 @@ pub async fn run(
     ingest.stop().await
 }
 
+/// A watch item as the publishing loop takes it: its pod already projected.
+enum Watched {
+    /// A list began.
+    ListStarted,
+    /// A pod of the list, with its uid when it has one.
+    Listed { uid: Option<String>, pod: Projected },
+    /// The list is complete.
+    ListDone,
+    /// A pod changed or was deleted, seen by the live watch.
+    Changed(Projected),
+    /// The watch failed; kube-runtime retries with backoff.
+    Failed(Box<watcher::Error>),
+}
+
+impl Watched {
+    fn of(
+        subjects: &Subjects,
+        item: Result<watcher::Event<WatchedPod>, watcher::Error>,
+    ) -> Watched {
+        match item {
+            Ok(watcher::Event::Init) => Watched::ListStarted,
+            Ok(watcher::Event::InitApply(pod)) => Watched::Listed {
+                // Cloned, not taken: an unusable pod's dead letter names its uid.
+                uid: pod.metadata.uid.clone(),
+                pod: project(subjects, EventType::Added, pod),
+            },
+            Ok(watcher::Event::InitDone) => Watched::ListDone,
+            Ok(watcher::Event::Apply(pod)) => {
+                Watched::Changed(project(subjects, EventType::Modified, pod))
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                Watched::Changed(project(subjects, EventType::Deleted, pod))
+            }
+            Err(error) => Watched::Failed(Box::new(error)),
+        }
+    }
+}
+
 /// One watcher per scope, merged; items carry their scope's index.
 fn watch_all(
     apis: &[(Option<String>, Api<WatchedPod>)],
-) -> BoxStream<'static, (usize, Result<watcher::Event<WatchedPod>, watcher::Error>)> {
+    subjects: Subjects,
+) -> BoxStream<'static, (usize, Watched)> {
     let streams: Vec<_> = apis
         .iter()
         .enumerate()
         .map(|(index, (_, api))| {
             // Every worker pod, whoever owns it: the label must exist, any value.
             let config = watcher::Config::default().labels(OWNER_LABEL);
+            let subjects = subjects.clone();
             watcher(api.clone(), config)
                 .default_backoff()
-                .map(move |item| (index, item))
+                .map(move |item| (index, Watched::of(&subjects, item)))
                 .boxed()
         })
         .collect();
     futures::stream::select_all(streams).boxed()
+}
+
+/// Drives `stream` in a task of its own, up to `depth` items ahead of its reader, keeping
+/// their order. The watch parses and projects pods as it reads them (see [`WatchedPod`] and
+/// [`Watched`]), so a list's next pages are fetched and projected on one core while the last
+/// ones are published from the other. The task ends when the returned stream is dropped.
+fn read_ahead<T: Send + 'static>(
+    mut stream: BoxStream<'static, T>,
+    depth: usize,
+) -> BoxStream<'static, T> {
+    let (ahead, reader) = tokio::sync::mpsc::channel(depth.max(1));
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                () = ahead.closed() => break,
+                item = stream.next() => item,
+            };
+            let Some(item) = item else { break };
+            if ahead.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    futures::stream::unfold(reader, |mut reader| async move {
+        reader.recv().await.map(|item| (item, reader))
+    })
+    .boxed()
 }
 
 /// A list in progress: held back until complete when history is to be replayed first.
@@ -242,7 +309,7 @@ fn watch_all(
 struct Listing {
     /// Where the history replay starts: the ingest's revision when the list began.
     replay_from: Option<u64>,
-    seen: HashSet<String>,
+    seen: UidSet,
     items: Vec<Projected>,
 }
 
@@ -258,7 +325,30 @@ impl Listing {
 /// A pod as projected: its event, or the dead letter it becomes.
 enum Projected {
     Event(Box<PodEvent>),
-    Unusable(DeadLetter),
+    Unusable(Box<DeadLetter>),
+}
+
+/// A watched pod's event of `kind`, or its dead letter.
+fn project(subjects: &Subjects, kind: EventType, pod: WatchedPod) -> Projected {
+    match pod.into_event(kind) {
+        Ok(event) => Projected::Event(Box::new(event)),
+        Err(unusable) => {
+            let meta = unusable.metadata;
+            let name = meta.name.unwrap_or_default();
+            let namespace = meta.namespace.unwrap_or_default();
+            let uid = meta.uid.unwrap_or_default();
+            let rv = meta.resource_version.unwrap_or_default();
+            let reason = unusable.reason;
+            tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %reason, "unusable pod; dead-lettered");
+            Projected::Unusable(Box::new(DeadLetter {
+                subject: subjects.dead_letters(Stage::Ingest),
+                msg_id: format!("{uid}:{rv}:dead"),
+                reason,
+                source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
+                payload: Bytes::copy_from_slice(unusable.raw.get().as_bytes()),
+            }))
+        }
+    }
 }
 
 struct Ingest {
@@ -301,13 +391,8 @@ impl Ingest {
 
     /// Replays the apiserver's history after `rv` with a short watch; returns the uids seen.
     /// A 410 (history gone) or an error ends it early: the list then stands for what is lost.
-    async fn replay(
-        &mut self,
-        scope: Option<&str>,
-        api: &Api<WatchedPod>,
-        rv: u64,
-    ) -> HashSet<String> {
-        let mut touched = HashSet::new();
+    async fn replay(&mut self, scope: Option<&str>, api: &Api<WatchedPod>, rv: u64) -> UidSet {
+        let mut touched = UidSet::default();
         let params = WatchParams::default()
             .labels(OWNER_LABEL)
             .timeout(1)
@@ -345,28 +430,6 @@ impl Ingest {
         touched
     }
 
-    fn project(&self, kind: EventType, pod: WatchedPod) -> Projected {
-        match pod.into_event(kind) {
-            Ok(event) => Projected::Event(Box::new(event)),
-            Err(unusable) => {
-                let meta = unusable.metadata;
-                let name = meta.name.unwrap_or_default();
-                let namespace = meta.namespace.unwrap_or_default();
-                let uid = meta.uid.unwrap_or_default();
-                let rv = meta.resource_version.unwrap_or_default();
-                let reason = unusable.reason;
-                tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %reason, "unusable pod; dead-lettered");
-                Projected::Unusable(DeadLetter {
-                    subject: self.subjects.dead_letters(Stage::Ingest),
-                    msg_id: format!("{uid}:{rv}:dead"),
-                    reason,
-                    source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
-                    payload: Bytes::copy_from_slice(unusable.raw.get().as_bytes()),
-                })
-            }
-        }
-    }
-
     async fn publish_event(&mut self, event: PodEvent, sighting: Sighting) {
         if let Ok(rv) = event.resource_version.parse::<u64>()
             && self.cursor.is_none_or(|c| rv > c)
@@ -383,14 +446,14 @@ impl Ingest {
     }
 
     async fn observe(&mut self, kind: EventType, pod: WatchedPod, sighting: Sighting) {
-        let projected = self.project(kind, pod);
+        let projected = project(&self.subjects, kind, pod);
         self.publish_projected(projected, sighting).await;
     }
 
     async fn publish_projected(&mut self, projected: Projected, sighting: Sighting) {
         match projected {
             Projected::Event(event) => self.publish_event(*event, sighting).await,
-            Projected::Unusable(dead) => self.send(Message::Dead(dead)).await,
+            Projected::Unusable(dead) => self.send(Message::Dead(*dead)).await,
         }
     }
 

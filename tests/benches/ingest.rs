@@ -26,6 +26,8 @@ use podstream_tests::nats::NatsServer;
 use prost::Message as _;
 
 const WINDOW: usize = 1024;
+/// How long the memory is left to settle before it is read again.
+const SETTLE: Duration = Duration::from_secs(2);
 
 fn worker(i: usize) -> serde_json::Value {
     let name = format!("etl-task-{i:06}");
@@ -74,8 +76,15 @@ fn main() {
         let nats = NatsServer::start();
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
         let size = event_size();
+        let nats_pid = nats.pid().unwrap();
+        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
         let raw = bus::raw_publish_limit(&js, n, size, WINDOW).await;
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
+        println!(
+            "CPU over the raw run: nats-server {:.2} s, the publisher (this process) {:.2} s",
+            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
+            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1
+        );
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let sim = Server::start(addr, SimConfig { namespaces: vec!["airflow".into()], retain_events: n * 2 + 16, ..SimConfig::default() }).await.unwrap();
@@ -85,6 +94,7 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         sim.write_kubeconfig(&kubeconfig).unwrap();
+        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
         let started = Instant::now();
         let mut child = Command::new(&binary)
             .args(["ingest", "--nats", &nats.url()])
@@ -96,13 +106,32 @@ fn main() {
         bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
         let initial = started.elapsed();
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
+        let cpu = (
+            podstream_tests::cpu_seconds(child.id()),
+            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
+            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1,
+        );
         println!(
             "initial list: {n} pods acked in {:.2} s = {:>9.0} events/s ({:.2}x the raw limit)",
             initial.as_secs_f64(),
             n as f64 / initial.as_secs_f64(),
             n as f64 / initial.as_secs_f64() / raw
         );
-        println!("ingest memory with {n} live pods: {rss_now} MB resident, {rss_peak} MB peak");
+        println!(
+            "CPU over the initial list: ingest {:.2} s, nats-server {:.2} s, the simulator serving it (this process) {:.2} s, of {:.2} s on two cores",
+            cpu.0,
+            cpu.1,
+            cpu.2,
+            2.0 * initial.as_secs_f64()
+        );
+        // mimalloc returns freed pages a second after the free (its purge delay): the
+        // resident set at the last ack still holds the list's garbage.
+        tokio::time::sleep(SETTLE).await;
+        let (rss_settled, _) = podstream_tests::rss_mb(child.id());
+        println!(
+            "ingest memory with {n} live pods: {rss_now} MB resident at the last ack, {rss_settled} MB {:.0} s later, {rss_peak} MB peak",
+            SETTLE.as_secs_f64()
+        );
         let (writes_listed, size) = checkpoint_writes(&js).await;
         println!("checkpoint: {writes_listed} KV writes for the initial list ({n} events), {size:.1} KB a key on average");
 

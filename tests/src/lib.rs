@@ -215,6 +215,24 @@ pub fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("no free port: {e}"))
 }
 
+/// CPU time (user and system) process `pid` has used so far, in seconds (0 when unreadable).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces:
+    // utime and stime are the 12th and 13th, in clock ticks (100 a second on Linux).
+    let ticks: u64 = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|t| t.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
 /// Resident and peak memory of process `pid`, in MB (0 when unreadable).
 pub fn rss_mb(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

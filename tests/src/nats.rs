@@ -43,6 +43,11 @@ impl NatsServer {
         self.server.url()
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.pid()
+    }
+
     /// Stops the server gracefully (SIGTERM), keeping its storage.
     pub fn stop(&mut self) {
         self.server.stop();

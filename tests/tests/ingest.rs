@@ -687,11 +687,20 @@ async fn a_nats_restart_mid_stream_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
-    let (_nats, sim, js, ingest, mut scenario) = rig().await;
-
-    let mut broken = WorkerPod::new("broken", "1", "etl", "t", "r").to_json();
-    broken["metadata"]["annotations"]["try_number"] = "one".into();
-    sim.cluster().create_pod(broken).unwrap();
+    // One broken pod is in the first list, the other arrives on the live watch.
+    fn broken(name: &str) -> Value {
+        let mut pod = WorkerPod::new(name, "1", "etl", "t", "r").to_json();
+        pod["metadata"]["annotations"]["try_number"] = "one".into();
+        pod
+    }
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let listed = sim.cluster().create_pod(broken("broken-listed")).unwrap();
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    let watched = sim.cluster().create_pod(broken("broken-watched")).unwrap();
     scenario.create("after-broken", "1");
     bus::settle(
         &js,
@@ -704,7 +713,7 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     bus::settle(
         &js,
         "PODSTREAM_DEAD",
-        1,
+        2,
         Duration::from_millis(100),
         Duration::from_secs(30),
     )
@@ -712,22 +721,35 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     ingest.stop().await;
 
     let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].subject, "podstream.dead.ingest");
-    let reason = dead[0].header("Podstream-Reason").unwrap();
-    assert!(reason.contains("try_number"), "{reason}");
-    let raw: Value = serde_json::from_slice(&dead[0].payload).unwrap();
-    assert_eq!(raw["metadata"]["name"], "broken", "the raw object is kept");
-    assert_eq!(raw["kind"], "Pod");
-    assert!(
-        raw["spec"]["containers"][0]["name"].is_string(),
-        "the spec is kept too: {raw}"
-    );
+    assert_eq!(dead.len(), 2);
+    for (letter, pod) in dead.iter().zip([&listed, &watched]) {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let uid = pod["metadata"]["uid"].as_str().unwrap();
+        let rv = pod["metadata"]["resourceVersion"].as_str().unwrap();
+        assert_eq!(letter.subject, "podstream.dead.ingest");
+        let reason = letter.header("Podstream-Reason").unwrap();
+        assert!(reason.contains("try_number"), "{name}: {reason}");
+        // Named, so a retried dead letter is stored once and a reader finds the pod.
+        assert_eq!(
+            letter.header("Nats-Msg-Id").unwrap(),
+            format!("{uid}:{rv}:dead"),
+            "{name}"
+        );
+        let source = letter.header("Podstream-Source").unwrap();
+        assert!(source.contains(name) && source.contains(uid), "{source}");
+        let raw: Value = serde_json::from_slice(&letter.payload).unwrap();
+        assert_eq!(raw["metadata"]["name"], name, "the raw object is kept");
+        assert_eq!(raw["kind"], "Pod");
+        assert!(
+            raw["spec"]["containers"][0]["name"].is_string(),
+            "the spec is kept too: {raw}"
+        );
+    }
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
     assert_eq!(
         events.len(),
         2,
-        "the sentinel and the pod after the broken one"
+        "the sentinel and the pod after the broken ones"
     );
 }
 
