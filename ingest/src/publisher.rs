@@ -117,7 +117,7 @@ impl Publisher {
             match (&mut oldest.ack).now_or_never() {
                 None => break,
                 Some(Ok(ack)) => {
-                    let sequence = self.count(&ack);
+                    let sequence = self.sequence_of(&ack);
                     if let Some(done) = self.in_flight.pop_front() {
                         acked.push(Acked {
                             message: done.message,
@@ -153,7 +153,7 @@ impl Publisher {
         match oldest.ack.await {
             Ok(ack) => vec![Acked {
                 message: oldest.message,
-                sequence: self.count(&ack),
+                sequence: self.sequence_of(&ack),
             }],
             Err(error) => {
                 tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
@@ -180,7 +180,7 @@ impl Publisher {
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ack.await?)
                 };
                 match attempt.await {
-                    Ok(ack) => break self.count(&ack),
+                    Ok(ack) => break self.sequence_of(&ack),
                     Err(error) => {
                         tracing::warn!(subject = message.subject(), %error, retry_in_ms = backoff.delay().as_millis() as u64, "publish failed; retrying");
                         backoff.wait().await;
@@ -192,8 +192,9 @@ impl Publisher {
         acked
     }
 
-    /// Counts a duplicate; returns the ack's stream sequence.
-    fn count(&mut self, ack: &PublishAck) -> u64 {
+    /// The ack's stream sequence, counting it when JetStream dropped the message as a
+    /// duplicate.
+    fn sequence_of(&mut self, ack: &PublishAck) -> u64 {
         if ack.duplicate {
             self.duplicates += 1;
         }

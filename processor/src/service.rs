@@ -586,13 +586,15 @@ impl Worker {
                 .send_publish(subject, message)
                 .await
                 .map_err(|e| Retry::Publish(e.to_string()))?;
-            let kind = command.kind.as_ref().map_or("none", |k| k.name());
-            let ti = command
-                .task
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            info!(pod = %uid, %ti, owner = %command.owner, kind, id = %command.id, "command");
+            // Fields are evaluated only when the event is enabled: no TI string at warn level.
+            info!(
+                pod = %uid,
+                ti = %command.task.as_ref().map(ToString::to_string).unwrap_or_default(),
+                owner = %command.owner,
+                kind = command.kind.as_ref().map_or("none", |k| k.name()),
+                id = %command.id,
+                "command"
+            );
             acks.push(ack);
         }
         for ack in acks {
