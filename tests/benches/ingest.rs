@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p podstream-tests --bench ingest` starts a nats-server and the simulator, then:
 //! 1. raw limit: publishes N messages of a PodEvent's size with message ids and the ingest's
-//!    ack window, straight to a stream with the pod stream's settings (the baseline);
+//!    ack window, straight to a stream with the pod stream's settings (the baseline); then
+//!    again with the ingest's own subjects (a uid each) and headers;
 //! 2. initial list: N Airflow pods exist, `podstream ingest` (release build, its own process)
 //!    starts, and the clock runs until the pod stream holds N acked events;
 //! 3. steady: 10k pod updates per second for 10 s while it runs (and the checkpoint's KV writes);
@@ -21,7 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use podstream_ingest::projection::project;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Server, SimConfig, WorkerPod};
-use podstream_tests::bus;
+use podstream_tests::bus::{self, RawShape};
 use podstream_tests::nats::NatsServer;
 use prost::Message as _;
 
@@ -78,10 +79,20 @@ fn main() {
         let size = event_size();
         let nats_pid = nats.pid().unwrap();
         let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
-        let raw = bus::raw_publish_limit(&js, n, size, WINDOW).await;
+        let raw = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::Bare).await;
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
         println!(
             "CPU over the raw run: nats-server {:.2} s, the publisher (this process) {:.2} s",
+            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
+            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1
+        );
+        // The same, with the ingest's subjects (a uid each) and headers: what JetStream
+        // itself does for exactly the messages the ingest sends.
+        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
+        let shaped = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::LikeIngest).await;
+        println!("raw limit, the ingest's subjects and headers: {shaped:>9.0} msgs/s");
+        println!(
+            "CPU over that run: nats-server {:.2} s, the publisher (this process) {:.2} s",
             podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
             podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1
         );
@@ -116,6 +127,10 @@ fn main() {
             initial.as_secs_f64(),
             n as f64 / initial.as_secs_f64(),
             n as f64 / initial.as_secs_f64() / raw
+        );
+        println!(
+            "              {:.2}x the raw limit with the ingest's subjects and headers",
+            n as f64 / initial.as_secs_f64() / shaped
         );
         println!(
             "CPU over the initial list: ingest {:.2} s, nats-server {:.2} s, the simulator serving it (this process) {:.2} s, of {:.2} s on two cores",

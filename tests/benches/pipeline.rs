@@ -200,7 +200,7 @@ fn main() {
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
         let size = 180;
         let raw_n = if full { 100_000 } else { 1_000 };
-        let raw = bus::raw_publish_limit(&js, raw_n, size, WINDOW).await;
+        let raw = bus::raw_publish_limit(&js, raw_n, size, WINDOW, bus::RawShape::Bare).await;
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({raw_n} messages of {size} bytes, window {WINDOW})");
 
         let pg = PgCluster::start();

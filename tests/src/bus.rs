@@ -225,9 +225,19 @@ impl PodFeed {
     }
 }
 
+/// What the raw baseline's messages look like besides their size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawShape {
+    /// Short subjects (`rawbench.pods.<n>.u<i>`) and a message id.
+    Bare,
+    /// The ingest's: a uid on the subject (`rawingest.pods.<n>.<uuid>`), a message id of the
+    /// same form, and the `Podstream-Role` header.
+    LikeIngest,
+}
+
 /// The raw JetStream publish limit, messages per second: `n` messages of `size` bytes with
-/// message ids, `window` acks outstanding, to a stream with the pod stream's settings. The
-/// baseline the benches report podstream's figures against.
+/// message ids, `window` acks outstanding, to a stream of its own with the pod stream's
+/// settings. The baseline the benches report podstream's figures against.
 ///
 /// # Panics
 /// When JetStream refuses.
@@ -236,9 +246,14 @@ pub async fn raw_publish_limit(
     n: usize,
     size: usize,
     window_size: usize,
+    shape: RawShape,
 ) -> f64 {
-    let mut config = streams::pods_stream("rawbench", &StreamSettings::default());
-    config.subjects = vec!["rawbench.>".into()];
+    let prefix = match shape {
+        RawShape::Bare => "rawbench",
+        RawShape::LikeIngest => "rawingest",
+    };
+    let mut config = streams::pods_stream(prefix, &StreamSettings::default());
+    config.subjects = vec![format!("{prefix}.>")];
     streams::ensure(js, config)
         .await
         .unwrap_or_else(|e| panic!("raw publish: {e}"));
@@ -251,11 +266,28 @@ pub async fn raw_publish_limit(
         {
             ack.await.unwrap_or_else(|e| panic!("raw publish: {e}"));
         }
-        let message = PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(format!("raw-{i}:1:changed"));
+        let (subject, message) = match shape {
+            RawShape::Bare => (
+                format!("{prefix}.pods.{}.u{i}", i % 4),
+                PublishMessage::build()
+                    .payload(payload.clone())
+                    .message_id(format!("raw-{i}:1:changed")),
+            ),
+            RawShape::LikeIngest => {
+                let uid = format!("00000000-0000-0000-0000-{i:012}");
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(podstream_proto::subject::ROLE_HEADER, "event");
+                (
+                    format!("{prefix}.pods.{}.{uid}", 1 + i % 4),
+                    PublishMessage::build()
+                        .headers(headers)
+                        .payload(payload.clone())
+                        .message_id(format!("{uid}:1:changed")),
+                )
+            }
+        };
         window.push_back(
-            js.send_publish(format!("rawbench.pods.{}.u{i}", i % 4), message)
+            js.send_publish(subject, message)
                 .await
                 .unwrap_or_else(|e| panic!("raw publish: {e}")),
         );
