@@ -64,6 +64,33 @@ async fn checkpoint_writes(js: &jetstream::Context) -> (u64, f64) {
     )
 }
 
+/// CPU seconds that nats-server and this process (the raw publisher, or the simulator) use
+/// from the moment it is made.
+struct CpuSince {
+    nats: u32,
+    start: (f64, f64),
+}
+
+impl CpuSince {
+    fn now(nats: u32) -> CpuSince {
+        CpuSince {
+            nats,
+            start: (
+                podstream_tests::cpu_seconds(nats),
+                podstream_tests::cpu_seconds(std::process::id()),
+            ),
+        }
+    }
+
+    /// (nats-server, this process) since then.
+    fn used(&self) -> (f64, f64) {
+        (
+            podstream_tests::cpu_seconds(self.nats) - self.start.0,
+            podstream_tests::cpu_seconds(std::process::id()) - self.start.1,
+        )
+    }
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (n, rate, seconds) = if full {
@@ -78,24 +105,18 @@ fn main() {
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
         let size = event_size();
         let nats_pid = nats.pid().unwrap();
-        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
+        let cpu = CpuSince::now(nats_pid);
         let raw = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::Bare).await;
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
-        println!(
-            "CPU over the raw run: nats-server {:.2} s, the publisher (this process) {:.2} s",
-            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
-            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1
-        );
+        let (nats_cpu, publisher_cpu) = cpu.used();
+        println!("CPU over the raw run: nats-server {nats_cpu:.2} s, the publisher (this process) {publisher_cpu:.2} s");
         // The same, with the ingest's subjects (a uid each) and headers: what JetStream
         // itself does for exactly the messages the ingest sends.
-        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
+        let cpu = CpuSince::now(nats_pid);
         let shaped = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::LikeIngest).await;
         println!("raw limit, the ingest's subjects and headers: {shaped:>9.0} msgs/s");
-        println!(
-            "CPU over that run: nats-server {:.2} s, the publisher (this process) {:.2} s",
-            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
-            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1
-        );
+        let (nats_cpu, publisher_cpu) = cpu.used();
+        println!("CPU over that run: nats-server {nats_cpu:.2} s, the publisher (this process) {publisher_cpu:.2} s");
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let sim = Server::start(addr, SimConfig { namespaces: vec!["airflow".into()], retain_events: n * 2 + 16, ..SimConfig::default() }).await.unwrap();
@@ -105,7 +126,7 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         sim.write_kubeconfig(&kubeconfig).unwrap();
-        let cpu_before = (podstream_tests::cpu_seconds(nats_pid), podstream_tests::cpu_seconds(std::process::id()));
+        let cpu = CpuSince::now(nats_pid);
         let started = Instant::now();
         let mut child = Command::new(&binary)
             .args(["ingest", "--nats", &nats.url()])
@@ -117,11 +138,8 @@ fn main() {
         bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
         let initial = started.elapsed();
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
-        let cpu = (
-            podstream_tests::cpu_seconds(child.id()),
-            podstream_tests::cpu_seconds(nats_pid) - cpu_before.0,
-            podstream_tests::cpu_seconds(std::process::id()) - cpu_before.1,
-        );
+        let ingest_cpu = podstream_tests::cpu_seconds(child.id());
+        let (nats_cpu, simulator_cpu) = cpu.used();
         println!(
             "initial list: {n} pods acked in {:.2} s = {:>9.0} events/s ({:.2}x the raw limit)",
             initial.as_secs_f64(),
@@ -134,9 +152,9 @@ fn main() {
         );
         println!(
             "CPU over the initial list: ingest {:.2} s, nats-server {:.2} s, the simulator serving it (this process) {:.2} s, of {:.2} s on two cores",
-            cpu.0,
-            cpu.1,
-            cpu.2,
+            ingest_cpu,
+            nats_cpu,
+            simulator_cpu,
             2.0 * initial.as_secs_f64()
         );
         // mimalloc returns freed pages a second after the free (its purge delay): the
