@@ -210,36 +210,34 @@ impl KnownPods {
             });
         }
         let payload = Bytes::from(event.encode_to_vec());
-        let mut out = Vec::with_capacity(2);
-        if let Some(last) = last
-            && last.owner != event.owner
-        {
-            out.push(Outgoing {
+        // The notice to the previous owner follows the event.
+        let notice = match last {
+            Some(last) if last.owner != event.owner => Some(Outgoing {
                 subject: subjects.pod_events(&last.owner, &key),
                 msg_id: msg_id(&event, Role::Left),
                 role: Role::Left,
                 event: event.clone(),
                 payload: payload.clone(),
-            });
-        }
+            }),
+            _ => None,
+        };
+        let subject = subjects.pod_events(&event.owner, &key);
+        let msg_id = msg_id(&event, Role::Event);
         if event.r#type() == EventType::Deleted {
             self.pods.remove(&key);
-            self.bury(key.clone(), event.resource_version.clone());
+            self.bury(key, event.resource_version.clone());
         } else {
-            self.pods
-                .insert(key.clone(), Last::of(&event, payload.clone()));
+            self.pods.insert(key, Last::of(&event, payload.clone()));
         }
-        // The event first, then the notice to the previous owner.
-        out.insert(
-            0,
-            Outgoing {
-                subject: subjects.pod_events(&event.owner, &key),
-                msg_id: msg_id(&event, Role::Event),
-                role: Role::Event,
-                event,
-                payload,
-            },
-        );
+        let mut out = Vec::with_capacity(2);
+        out.push(Outgoing {
+            subject,
+            msg_id,
+            role: Role::Event,
+            event,
+            payload,
+        });
+        out.extend(notice);
         out
     }
 

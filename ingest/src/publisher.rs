@@ -59,10 +59,15 @@ struct InFlight {
 }
 
 /// Publishes in order, with at most `window` messages awaiting their ack.
+///
+/// Acked messages collect in the publisher, oldest first, until [`Publisher::take_acked`].
+/// Its futures stay small on purpose: the publishing loop awaits one per event, and a
+/// future is moved whole each time it is made, so the rare recovery path is boxed.
 pub struct Publisher {
     js: jetstream::Context,
     window: usize,
     in_flight: VecDeque<InFlight>,
+    acked: Vec<Acked>,
     duplicates: u64,
 }
 
@@ -73,6 +78,7 @@ impl Publisher {
             js,
             window: window.max(1),
             in_flight: VecDeque::new(),
+            acked: Vec::new(),
             duplicates: 0,
         }
     }
@@ -87,39 +93,41 @@ impl Publisher {
         self.in_flight.len()
     }
 
-    /// Sends a message; returns the messages acked meanwhile, oldest first.
-    pub async fn publish(&mut self, message: Message) -> Vec<Acked> {
-        let mut acked = Vec::new();
+    /// The messages acked since the last call, oldest first.
+    pub fn take_acked(&mut self) -> std::vec::Drain<'_, Acked> {
+        self.acked.drain(..)
+    }
+
+    /// Sends a message, first waiting for the oldest acks while the window is full.
+    pub async fn publish(&mut self, message: Message) {
         while self.in_flight.len() >= self.window {
-            acked.extend(self.settle_oldest().await);
+            self.settle_oldest().await;
         }
-        match self
+        let sent = self
             .js
             .send_publish(message.subject().to_owned(), message.to_publish())
-            .await
-        {
+            .await;
+        match sent {
             Ok(ack) => self.in_flight.push_back(InFlight {
                 message,
                 ack: Box::pin(ack.into_future()),
             }),
             Err(error) => {
                 tracing::warn!(subject = message.subject(), %error, "publish failed; retrying in order");
-                acked.extend(self.recover(None, Some(message)).await);
+                Box::pin(self.recover(None, Some(message))).await;
             }
         }
-        acked
     }
 
-    /// The messages whose acks have arrived, oldest first, without waiting for the others.
-    pub async fn poll_acked(&mut self) -> Vec<Acked> {
-        let mut acked = Vec::new();
+    /// Collects the acks that have arrived, without waiting for the others.
+    pub async fn poll_acked(&mut self) {
         while let Some(oldest) = self.in_flight.front_mut() {
             match (&mut oldest.ack).now_or_never() {
                 None => break,
                 Some(Ok(ack)) => {
                     let sequence = self.sequence_of(&ack);
                     if let Some(done) = self.in_flight.pop_front() {
-                        acked.push(Acked {
+                        self.acked.push(Acked {
                             message: done.message,
                             sequence,
                         });
@@ -130,45 +138,44 @@ impl Publisher {
                         break;
                     };
                     tracing::warn!(subject = failed.message.subject(), %error, "publish not acked; republishing the window in order");
-                    acked.extend(self.recover(Some(failed.message), None).await);
+                    Box::pin(self.recover(Some(failed.message), None)).await;
                 }
             }
         }
-        acked
     }
 
-    /// Waits for every in-flight ack; returns the acked messages, oldest first.
-    pub async fn drain(&mut self) -> Vec<Acked> {
-        let mut acked = Vec::new();
+    /// Waits for every in-flight ack.
+    pub async fn drain(&mut self) {
         while !self.in_flight.is_empty() {
-            acked.extend(self.settle_oldest().await);
+            self.settle_oldest().await;
         }
-        acked
     }
 
-    async fn settle_oldest(&mut self) -> Vec<Acked> {
+    async fn settle_oldest(&mut self) {
         let Some(oldest) = self.in_flight.pop_front() else {
-            return Vec::new();
+            return;
         };
         match oldest.ack.await {
-            Ok(ack) => vec![Acked {
-                message: oldest.message,
-                sequence: self.sequence_of(&ack),
-            }],
+            Ok(ack) => {
+                let sequence = self.sequence_of(&ack);
+                self.acked.push(Acked {
+                    message: oldest.message,
+                    sequence,
+                });
+            }
             Err(error) => {
                 tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
-                self.recover(Some(oldest.message), None).await
+                Box::pin(self.recover(Some(oldest.message), None)).await;
             }
         }
     }
 
     /// Publishes `first`, every in-flight message, then `last` again, in that order, one at a
     /// time, each until acked.
-    async fn recover(&mut self, first: Option<Message>, last: Option<Message>) -> Vec<Acked> {
+    async fn recover(&mut self, first: Option<Message>, last: Option<Message>) {
         let mut pending: Vec<Message> = first.into_iter().collect();
         pending.extend(self.in_flight.drain(..).map(|f| f.message));
         pending.extend(last);
-        let mut acked = Vec::with_capacity(pending.len());
         for message in pending {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             let sequence = loop {
@@ -187,9 +194,8 @@ impl Publisher {
                     }
                 }
             };
-            acked.push(Acked { message, sequence });
+            self.acked.push(Acked { message, sequence });
         }
-        acked
     }
 
     /// The ack's stream sequence, counting it when JetStream dropped the message as a

@@ -430,13 +430,24 @@ impl Ingest {
         touched
     }
 
-    async fn publish_event(&mut self, event: PodEvent, sighting: Sighting) {
+    async fn observe(&mut self, kind: EventType, pod: WatchedPod, sighting: Sighting) {
+        let projected = project(&self.subjects, kind, pod);
+        self.publish_projected(projected, sighting).await;
+    }
+
+    /// Publishes what a projected pod calls for: its event (and an owner notice), nothing for
+    /// a revision already published, or its dead letter.
+    async fn publish_projected(&mut self, projected: Projected, sighting: Sighting) {
+        let event = match projected {
+            Projected::Event(event) => event,
+            Projected::Unusable(dead) => return self.send(Message::Dead(*dead)).await,
+        };
         if let Ok(rv) = event.resource_version.parse::<u64>()
             && self.cursor.is_none_or(|c| rv > c)
         {
             self.cursor = Some(rv);
         }
-        let outgoing = self.known.observe(&self.subjects, event, sighting);
+        let outgoing = self.known.observe(&self.subjects, *event, sighting);
         if outgoing.is_empty() {
             self.stats.skipped += 1;
         }
@@ -445,26 +456,15 @@ impl Ingest {
         }
     }
 
-    async fn observe(&mut self, kind: EventType, pod: WatchedPod, sighting: Sighting) {
-        let projected = project(&self.subjects, kind, pod);
-        self.publish_projected(projected, sighting).await;
-    }
-
-    async fn publish_projected(&mut self, projected: Projected, sighting: Sighting) {
-        match projected {
-            Projected::Event(event) => self.publish_event(*event, sighting).await,
-            Projected::Unusable(dead) => self.send(Message::Dead(*dead)).await,
-        }
-    }
-
     async fn send(&mut self, message: Message) {
         // Boxed in `Message`, so the window holds pointers, not 500-byte events.
-        let acked = self.publisher.publish(message).await;
-        self.acked(acked);
+        self.publisher.publish(message).await;
+        self.record_acked();
     }
 
-    fn acked(&mut self, acked: Vec<Acked>) {
-        for Acked { message, sequence } in acked {
+    /// Takes what JetStream acked into the known pods, the checkpoint and the counters.
+    fn record_acked(&mut self) {
+        for Acked { message, sequence } in self.publisher.take_acked() {
             match message {
                 Message::Pod(out) => {
                     log_published(&out);
@@ -482,8 +482,8 @@ impl Ingest {
 
     /// Records the acks that arrived and writes the checkpoint.
     async fn checkpoint_acked(&mut self) {
-        let acked = self.publisher.poll_acked().await;
-        self.acked(acked);
+        self.publisher.poll_acked().await;
+        self.record_acked();
         if let Some(error) = self.checkpoint.flush_in_background() {
             // A stale checkpoint only means republishing (deduplicated) after a restart.
             tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry");
@@ -491,8 +491,8 @@ impl Ingest {
     }
 
     async fn stop(mut self) -> anyhow::Result<IngestStats> {
-        let acked = self.publisher.drain().await;
-        self.acked(acked);
+        self.publisher.drain().await;
+        self.record_acked();
         self.checkpoint.flush().await?;
         tracing::info!(
             published = self.stats.published,
