@@ -38,6 +38,11 @@ const ACK_POLL: Duration = Duration::from_millis(50);
 /// Watch items read ahead of the publishing loop (a page of a list is 500 pods).
 const READ_AHEAD: usize = 1024;
 
+/// Watch items taken at most in one burst: their messages are made first and then sent back
+/// to back, so the NATS connection writes them in a few large writes, not one each (which
+/// cost the ingest and nats-server a syscall and a wakeup per message).
+const BURST: usize = 256;
+
 /// How long a history replay waits for the next event before it counts as caught up.
 const REPLAY_IDLE: Duration = Duration::from_millis(200);
 
@@ -160,6 +165,7 @@ pub async fn run(
         publisher: Publisher::new(js, config.ack_window),
         checkpoint,
         stats: IngestStats::default(),
+        staged: Vec::with_capacity(BURST),
     };
     let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
         vec![None]
@@ -186,32 +192,46 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => ingest.checkpoint_acked().await,
-            item = events.next() => {
-                let Some((index, item)) = item else { break };
-                let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
-                match item {
-                    Watched::ListStarted => listings[index] = Some(Listing::starting_at(ingest.cursor)),
-                    Watched::Listed { uid, pod } => {
-                        let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
-                        if let Some(uid) = uid {
-                            listing.seen.insert(uid);
+            item = events.recv() => {
+                let Some(first) = item else { break };
+                // Whatever else the watch has ready joins this burst (see `BURST`).
+                let mut next = Some(first);
+                let mut taken = 0;
+                while let Some((index, item)) = next.take() {
+                    let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
+                    match item {
+                        Watched::Listed { uid, pod } => {
+                            let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
+                            if let Some(uid) = uid {
+                                listing.seen.insert(uid);
+                            }
+                            if listing.replay_from.is_some() {
+                                // Held back: the history replay goes first.
+                                listing.items.push(pod);
+                            } else {
+                                // Nothing to replay: publish as the list streams in.
+                                ingest.stage(pod, Sighting::Listing);
+                            }
                         }
-                        if listing.replay_from.is_some() {
-                            // Held back: the history replay goes first.
-                            listing.items.push(pod);
-                        } else {
-                            // Nothing to replay: publish as the list streams in.
-                            ingest.publish_projected(pod, Sighting::Listing).await;
+                        Watched::Changed(pod) => ingest.stage(pod, Sighting::Watch),
+                        Watched::ListStarted => {
+                            ingest.send_staged().await;
+                            listings[index] = Some(Listing::starting_at(ingest.cursor));
                         }
+                        Watched::ListDone => {
+                            ingest.send_staged().await;
+                            let listing = listings[index].take().unwrap_or_default();
+                            let api = apis.get(index).map(|(_, api)| api.clone());
+                            ingest.after_list(scope.as_deref(), api, listing).await;
+                        }
+                        Watched::Failed(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
                     }
-                    Watched::ListDone => {
-                        let listing = listings[index].take().unwrap_or_default();
-                        let api = apis.get(index).map(|(_, api)| api.clone());
-                        ingest.after_list(scope.as_deref(), api, listing).await;
+                    taken += 1;
+                    if taken < BURST {
+                        next = events.try_recv().ok();
                     }
-                    Watched::Changed(pod) => ingest.publish_projected(pod, Sighting::Watch).await,
-                    Watched::Failed(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
                 }
+                ingest.send_staged().await;
             }
         }
     }
@@ -280,11 +300,11 @@ fn watch_all(
 /// Drives `stream` in a task of its own, up to `depth` items ahead of its reader, keeping
 /// their order. The watch parses and projects pods as it reads them (see [`WatchedPod`] and
 /// [`Watched`]), so a list's next pages are fetched and projected on one core while the last
-/// ones are published from the other. The task ends when the returned stream is dropped.
+/// ones are published from the other. The task ends when the receiver is dropped.
 fn read_ahead<T: Send + 'static>(
     mut stream: BoxStream<'static, T>,
     depth: usize,
-) -> BoxStream<'static, T> {
+) -> tokio::sync::mpsc::Receiver<T> {
     let (ahead, reader) = tokio::sync::mpsc::channel(depth.max(1));
     tokio::spawn(async move {
         loop {
@@ -298,10 +318,7 @@ fn read_ahead<T: Send + 'static>(
             }
         }
     });
-    futures::stream::unfold(reader, |mut reader| async move {
-        reader.recv().await.map(|item| (item, reader))
-    })
-    .boxed()
+    reader
 }
 
 /// A list in progress: held back until complete when history is to be replayed first.
@@ -359,6 +376,8 @@ struct Ingest {
     publisher: Publisher,
     checkpoint: Checkpoint,
     stats: IngestStats,
+    /// Messages made and not yet sent, in order.
+    staged: Vec<Message>,
 }
 
 impl Ingest {
@@ -435,12 +454,19 @@ impl Ingest {
         self.publish_projected(projected, sighting).await;
     }
 
-    /// Publishes what a projected pod calls for: its event (and an owner notice), nothing for
-    /// a revision already published, or its dead letter.
+    /// Publishes what a projected pod calls for (see [`Ingest::stage`]).
     async fn publish_projected(&mut self, projected: Projected, sighting: Sighting) {
+        self.stage(projected, sighting);
+        self.send_staged().await;
+    }
+
+    /// Makes the messages a projected pod calls for, to be sent by [`Ingest::send_staged`]:
+    /// its event (and an owner notice), nothing for a revision already published, or its
+    /// dead letter.
+    fn stage(&mut self, projected: Projected, sighting: Sighting) {
         let event = match projected {
             Projected::Event(event) => event,
-            Projected::Unusable(dead) => return self.send(Message::Dead(*dead)).await,
+            Projected::Unusable(dead) => return self.staged.push(Message::Dead(*dead)),
         };
         if let Ok(rv) = event.resource_version.parse::<u64>()
             && self.cursor.is_none_or(|c| rv > c)
@@ -451,9 +477,18 @@ impl Ingest {
         if outgoing.is_empty() {
             self.stats.skipped += 1;
         }
-        for out in outgoing {
-            self.send(Message::Pod(Box::new(out))).await;
+        self.staged
+            .extend(outgoing.into_iter().map(|out| Message::Pod(Box::new(out))));
+    }
+
+    /// Sends the staged messages, in order.
+    async fn send_staged(&mut self) {
+        let mut staged = std::mem::take(&mut self.staged);
+        for message in staged.drain(..) {
+            self.send(message).await;
         }
+        // The buffer is kept for the next burst.
+        self.staged = staged;
     }
 
     async fn send(&mut self, message: Message) {
