@@ -1,13 +1,19 @@
 //! The ingest's throughput and memory beside the raw JetStream publish limit, in one run.
 //!
-//! `cargo bench -p podstream-tests --bench ingest` starts a nats-server and the simulator, then:
+//! `cargo bench -p podstream-tests --bench ingest` starts a nats-server and the simulator, then
+//! measures in rounds, each one side by side on the same nats-server (a lone pair of figures
+//! moved by ±20% on a shared 2-core machine):
 //! 1. raw limit: publishes N messages of a PodEvent's size with message ids and the ingest's
-//!    ack window, straight to a stream with the pod stream's settings (the baseline); then
-//!    again with the ingest's own subjects (a uid each) and headers;
+//!    ack window, straight to a fresh stream with the pod stream's settings (the baseline);
+//!    then again with the ingest's own subjects (a uid each) and headers;
 //! 2. initial list: N Airflow pods exist, `podstream ingest` (release build, its own process)
-//!    starts, and the clock runs until the pod stream holds N acked events;
-//! 3. steady: 10k pod updates per second for 10 s while it runs (and the checkpoint's KV writes);
-//! 4. the ingest process's resident memory with N live pods.
+//!    starts on an empty pod stream and checkpoint, and the clock runs until the pod stream
+//!    holds N acked events.
+//!
+//! Each round's ratio is printed and their median is the headline. The last round's ingest
+//! then goes on:
+//! 3. the ingest process's resident memory with N live pods;
+//! 4. steady: 10k pod updates per second for 10 s while it runs (and the checkpoint's KV writes).
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a small smoke run.
 
@@ -93,10 +99,10 @@ impl CpuSince {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (n, rate, seconds) = if full {
-        (100_000, 10_000, 10)
+    let (n, rate, seconds, rounds) = if full {
+        (100_000, 10_000, 10, 3)
     } else {
-        (1_000, 1_000, 1)
+        (1_000, 1_000, 1, 1)
     };
     let binary = podstream_tests::bench_binary(full);
     let runtime = podstream_tests::bench_runtime();
@@ -105,18 +111,6 @@ fn main() {
         let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
         let size = event_size();
         let nats_pid = nats.pid().unwrap();
-        let cpu = CpuSince::now(nats_pid);
-        let raw = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::Bare).await;
-        println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({n} messages of {size} bytes, window {WINDOW})");
-        let (nats_cpu, publisher_cpu) = cpu.used();
-        println!("CPU over the raw run: nats-server {nats_cpu:.2} s, the publisher (this process) {publisher_cpu:.2} s");
-        // The same, with the ingest's subjects (a uid each) and headers: what JetStream
-        // itself does for exactly the messages the ingest sends.
-        let cpu = CpuSince::now(nats_pid);
-        let shaped = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::LikeIngest).await;
-        println!("raw limit, the ingest's subjects and headers: {shaped:>9.0} msgs/s");
-        let (nats_cpu, publisher_cpu) = cpu.used();
-        println!("CPU over that run: nats-server {nats_cpu:.2} s, the publisher (this process) {publisher_cpu:.2} s");
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let sim = Server::start(addr, SimConfig { namespaces: vec!["airflow".into()], retain_events: n * 2 + 16, ..SimConfig::default() }).await.unwrap();
@@ -126,48 +120,77 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         sim.write_kubeconfig(&kubeconfig).unwrap();
-        let cpu = CpuSince::now(nats_pid);
-        let started = Instant::now();
-        let mut child = Command::new(&binary)
-            .args(["ingest", "--nats", &nats.url()])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("PODSTREAM_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
-        let initial = started.elapsed();
+
+        println!("{n} messages of {size} bytes, ack window {WINDOW}, {rounds} rounds");
+        let mut ratios = Vec::new();
+        let mut shaped_ratios = Vec::new();
+        let mut child = None;
+        for round in 1..=rounds {
+            println!("round {round}:");
+            let cpu = CpuSince::now(nats_pid);
+            let raw = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::Bare).await;
+            let (nats_cpu, publisher_cpu) = cpu.used();
+            println!("  raw JetStream publish limit: {raw:>9.0} msgs/s (CPU: nats-server {nats_cpu:.2} s, the publisher, this process, {publisher_cpu:.2} s)");
+            // The same, with the ingest's subjects (a uid each) and headers: what JetStream
+            // itself does for exactly the messages the ingest sends.
+            let cpu = CpuSince::now(nats_pid);
+            let shaped = bus::raw_publish_limit(&js, n, size, WINDOW, RawShape::LikeIngest).await;
+            let (nats_cpu, publisher_cpu) = cpu.used();
+            println!("  raw, the ingest's subjects and headers: {shaped:>9.0} msgs/s (CPU: nats-server {nats_cpu:.2} s, the publisher {publisher_cpu:.2} s)");
+
+            // Each round's ingest starts from nothing, like the first.
+            let _ = js.delete_stream("PODSTREAM_PODS").await;
+            let _ = js.delete_key_value("podstream-ingest").await;
+            let cpu = CpuSince::now(nats_pid);
+            let started = Instant::now();
+            let ingest = Command::new(&binary)
+                .args(["ingest", "--nats", &nats.url()])
+                .env("KUBECONFIG", &kubeconfig)
+                .env("PODSTREAM_LOG", "warn")
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
+            let initial = started.elapsed().as_secs_f64();
+            let ingest_cpu = podstream_tests::cpu_seconds(ingest.id());
+            let (nats_cpu, simulator_cpu) = cpu.used();
+            let rate = n as f64 / initial;
+            println!(
+                "  initial list: {n} pods acked in {initial:.2} s = {rate:>9.0} events/s: {:.2}x the raw limit, {:.2}x the shaped one",
+                rate / raw,
+                rate / shaped
+            );
+            println!(
+                "  CPU over the initial list: ingest {ingest_cpu:.2} s, nats-server {nats_cpu:.2} s, the simulator serving it (this process) {simulator_cpu:.2} s, of {:.2} s on two cores",
+                2.0 * initial
+            );
+            ratios.push(rate / raw);
+            shaped_ratios.push(rate / shaped);
+            if round < rounds {
+                stop(ingest);
+            } else {
+                child = Some(ingest);
+            }
+        }
+        let Some(child) = child else { return };
+        println!(
+            "initial list against the raw limit: median {:.2}x over {rounds} rounds ({}); against the shaped one: median {:.2}x",
+            median(&ratios),
+            ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(", "),
+            median(&shaped_ratios)
+        );
+
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
-        let ingest_cpu = podstream_tests::cpu_seconds(child.id());
-        let (nats_cpu, simulator_cpu) = cpu.used();
-        println!(
-            "initial list: {n} pods acked in {:.2} s = {:>9.0} events/s ({:.2}x the raw limit)",
-            initial.as_secs_f64(),
-            n as f64 / initial.as_secs_f64(),
-            n as f64 / initial.as_secs_f64() / raw
-        );
-        println!(
-            "              {:.2}x the raw limit with the ingest's subjects and headers",
-            n as f64 / initial.as_secs_f64() / shaped
-        );
-        println!(
-            "CPU over the initial list: ingest {:.2} s, nats-server {:.2} s, the simulator serving it (this process) {:.2} s, of {:.2} s on two cores",
-            ingest_cpu,
-            nats_cpu,
-            simulator_cpu,
-            2.0 * initial.as_secs_f64()
-        );
         // mimalloc returns freed pages a second after the free (its purge delay): the
         // resident set at the last ack still holds the list's garbage.
         tokio::time::sleep(SETTLE).await;
         let (rss_settled, _) = podstream_tests::rss_mb(child.id());
         println!(
-            "ingest memory with {n} live pods: {rss_now} MB resident at the last ack, {rss_settled} MB {:.0} s later, {rss_peak} MB peak",
+            "ingest memory with {n} live pods: {rss_now} MB resident just after the last ack, {rss_settled} MB {:.0} s later, {rss_peak} MB peak",
             SETTLE.as_secs_f64()
         );
         let (writes_listed, size) = checkpoint_writes(&js).await;
         println!("checkpoint: {writes_listed} KV writes for the initial list ({n} events), {size:.1} KB a key on average");
-
         // Steady load: `rate` updates per second, paced in 10 ms slices.
         let cluster = sim.cluster().clone();
         let updates = rate * seconds;
@@ -207,7 +230,21 @@ fn main() {
         );
         let (rss_now, rss_peak) = podstream_tests::rss_mb(child.id());
         println!("ingest memory after the steady run: {rss_now} MB resident, {rss_peak} MB peak");
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let _ = child.wait();
+        stop(child);
     });
+}
+
+/// Stops an ingest the way Kubernetes would (SIGTERM) and waits for it.
+fn stop(mut ingest: std::process::Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(ingest.id().to_string())
+        .status();
+    let _ = ingest.wait();
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }

@@ -254,6 +254,8 @@ pub async fn raw_publish_limit(
     };
     let mut config = streams::pods_stream(prefix, &StreamSettings::default());
     config.subjects = vec![format!("{prefix}.>")];
+    // A stream left by an earlier run would take these ids as duplicates and store nothing.
+    let _ = js.delete_stream(&config.name).await;
     streams::ensure(js, config)
         .await
         .unwrap_or_else(|e| panic!("raw publish: {e}"));
