@@ -93,7 +93,8 @@ impl Publisher {
         self.in_flight.len()
     }
 
-    /// The messages acked since the last call, oldest first.
+    /// The messages acked since the last call, oldest first. Dropping the iterator before
+    /// its end drops the rest with it, so take them all.
     pub fn take_acked(&mut self) -> std::vec::Drain<'_, Acked> {
         self.acked.drain(..)
     }
