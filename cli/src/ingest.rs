@@ -59,7 +59,10 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let config = args.config();
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
-        let stats = service::run(config, kube, crate::signal::shutdown_signal()).await?;
+        // A task on the runtime's workers, not the main thread's `block_on`: the watch and the
+        // NATS connection wake it many times a second, and waking a worker is cheaper.
+        let ingest = tokio::spawn(service::run(config, kube, crate::signal::shutdown_signal()));
+        let stats = ingest.await.context("the ingest task failed")??;
         eprintln!("ingest stopped: {stats}");
         Ok(())
     })
