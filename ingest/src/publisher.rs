@@ -126,12 +126,8 @@ impl Publisher {
             match (&mut oldest.ack).now_or_never() {
                 None => break,
                 Some(Ok(ack)) => {
-                    let sequence = self.sequence_of(&ack);
                     if let Some(done) = self.in_flight.pop_front() {
-                        self.acked.push(Acked {
-                            message: done.message,
-                            sequence,
-                        });
+                        self.settled(done.message, &ack);
                     }
                 }
                 Some(Err(error)) => {
@@ -157,13 +153,7 @@ impl Publisher {
             return;
         };
         match oldest.ack.await {
-            Ok(ack) => {
-                let sequence = self.sequence_of(&ack);
-                self.acked.push(Acked {
-                    message: oldest.message,
-                    sequence,
-                });
-            }
+            Ok(ack) => self.settled(oldest.message, &ack),
             Err(error) => {
                 tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
                 Box::pin(self.recover(Some(oldest.message), None)).await;
@@ -179,7 +169,7 @@ impl Publisher {
         pending.extend(last);
         for message in pending {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-            let sequence = loop {
+            let ack = loop {
                 let attempt = async {
                     let ack = self
                         .js
@@ -188,23 +178,26 @@ impl Publisher {
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ack.await?)
                 };
                 match attempt.await {
-                    Ok(ack) => break self.sequence_of(&ack),
+                    Ok(ack) => break ack,
                     Err(error) => {
                         tracing::warn!(subject = message.subject(), %error, retry_in_ms = backoff.delay().as_millis() as u64, "publish failed; retrying");
                         backoff.wait().await;
                     }
                 }
             };
-            self.acked.push(Acked { message, sequence });
+            self.settled(message, &ack);
         }
     }
 
-    /// The ack's stream sequence, counting it when JetStream dropped the message as a
-    /// duplicate.
-    fn sequence_of(&mut self, ack: &PublishAck) -> u64 {
+    /// Records `message` as acked at the ack's stream sequence, counting it when JetStream
+    /// dropped it as a duplicate.
+    fn settled(&mut self, message: Message, ack: &PublishAck) {
         if ack.duplicate {
             self.duplicates += 1;
         }
-        ack.sequence
+        self.acked.push(Acked {
+            message,
+            sequence: ack.sequence,
+        });
     }
 }

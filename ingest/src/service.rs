@@ -198,7 +198,7 @@ pub async fn run(
                 let mut next = Some(first);
                 let mut taken = 0;
                 while let Some((index, item)) = next.take() {
-                    let scope = apis.get(index).and_then(|(scope, _)| scope.clone());
+                    let scope = || apis.get(index).and_then(|(scope, _)| scope.as_deref());
                     match item {
                         Watched::Listed { uid, pod } => {
                             let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
@@ -222,9 +222,9 @@ pub async fn run(
                             ingest.send_staged().await;
                             let listing = listings[index].take().unwrap_or_default();
                             let api = apis.get(index).map(|(_, api)| api.clone());
-                            ingest.after_list(scope.as_deref(), api, listing).await;
+                            ingest.after_list(scope(), api, listing).await;
                         }
-                        Watched::Failed(error) => tracing::warn!(namespace = ?scope, %error, "Kubernetes watch failed; retrying with backoff"),
+                        Watched::Failed(error) => tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff"),
                     }
                     taken += 1;
                     if taken < BURST {
