@@ -4,7 +4,9 @@
 #   airflow-<v>.sqlite     `airflow db migrate` on a SQLite file
 #   airflow-<v>.pg.sql     `airflow db migrate` on PostgreSQL, then pg_dump
 # for v in 2.10 (apache-airflow==2.10.5) and 3.1 (apache-airflow==3.1.8), each in its own
-# venv under target/tools/airflow-<v>. Called by scripts/setup.sh.
+# venv under target/tools/airflow-<v> with the cncf.kubernetes provider that pip resolves as
+# the newest for that release (pinned here), so the executor and its Python Kubernetes client
+# are there for the tests. Called by scripts/setup.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
@@ -12,6 +14,7 @@ out="$root/target/airflow-db"
 mkdir -p "$out"
 
 declare -A airflow_release=([2.10]="2.10.5" [3.1]="3.1.8")
+declare -A kubernetes_provider=([2.10]="10.10.0" [3.1]="10.25.0")
 
 pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
 as_postgres() {
@@ -20,11 +23,16 @@ as_postgres() {
 
 for v in 2.10 3.1; do
     venv="$tools/airflow-$v"
+    provider="apache-airflow-providers-cncf-kubernetes==${kubernetes_provider[$v]}"
     # psycopg2 for Airflow's PostgreSQL engine; asyncpg for Airflow 3's async one.
     if [ ! -x "$venv/bin/airflow" ] || ! "$venv/bin/python" -c "import psycopg2, asyncpg" 2>/dev/null; then
         echo "setup: installing apache-airflow==${airflow_release[$v]} into $venv"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" psycopg2-binary asyncpg
+        "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" "$provider" psycopg2-binary asyncpg
+    fi
+    if [ "$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-providers-cncf-kubernetes"))' 2>/dev/null)" != "${kubernetes_provider[$v]}" ]; then
+        echo "setup: installing $provider into $venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" "$provider"
     fi
     home="$(mktemp -d)"
     if [ ! -f "$out/airflow-$v.sqlite" ]; then

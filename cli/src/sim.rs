@@ -1,4 +1,5 @@
-//! `podstream sim`: serve the Kubernetes API simulator until killed (contract.md §4).
+//! `podstream sim`: serve the Kubernetes API simulator until killed, with a kubelet that runs
+//! pods when asked (contract.md §4).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podstream_sim::{Server, SimConfig};
+use podstream_sim::{Kubelet, KubeletConfig, Server, SimConfig};
 
 /// Flags of `podstream sim`.
 #[derive(Debug, Args)]
@@ -35,6 +36,17 @@ pub struct SimArgs {
         default_value = "airflow"
     )]
     namespaces: Vec<String>,
+    /// Run each pod as a node would: its first container's command as a local process, with
+    /// the status a kubelet writes (phases, container states, exit codes, SIGTERM on delete).
+    #[arg(long, env = "PODSTREAM_SIM_KUBELET")]
+    kubelet: bool,
+    /// With --kubelet: at most this many pods run at once; the rest stay Pending (Unschedulable).
+    #[arg(long, env = "PODSTREAM_SIM_KUBELET_MAX_PODS", requires = "kubelet")]
+    kubelet_max_pods: Option<usize>,
+    /// With --kubelet: where pods get scratch working directories and logs
+    /// [default: a fresh directory under the system's temp dir].
+    #[arg(long, env = "PODSTREAM_SIM_KUBELET_DIR", requires = "kubelet")]
+    kubelet_dir: Option<PathBuf>,
 }
 
 /// Serves until SIGINT or SIGTERM.
@@ -47,6 +59,18 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             namespaces: args.namespaces.clone(),
         };
         let server = Server::start(args.listen, config).await?;
+        let _kubelet = if args.kubelet {
+            let root = args.kubelet_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("podstream-sim-kubelet-{}", std::process::id()))
+            });
+            let config = KubeletConfig {
+                root,
+                max_pods: args.kubelet_max_pods,
+            };
+            Some(Kubelet::start(server.cluster().clone(), config)?)
+        } else {
+            None
+        };
         server.write_kubeconfig(&args.kubeconfig)?;
         // Scripts wait for this one line before they use the server.
         let mut stdout = std::io::stdout();

@@ -1,8 +1,9 @@
 //! The simulated cluster: the store behind a lock, the verbs the HTTP layer serves, graceful
 //! deletion timers, and the control API tests and the demo drive pods with.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use base64::Engine;
@@ -10,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::kubelet::{self, status::State};
 use crate::object::{self, Key, Stored, rfc3339};
 use crate::patch::{self, PatchType};
 use crate::resource::Resource;
@@ -53,8 +55,17 @@ pub struct ListQuery {
     pub continue_token: Option<String>,
     /// `resourceVersion`.
     pub resource_version: Option<String>,
-    /// `resourceVersionMatch` (`Exact` reads history; anything else reads the newest state).
-    pub resource_version_match: Option<String>,
+    /// `resourceVersionMatch`; unset reads as `NotOlderThan`.
+    pub resource_version_match: Option<ResourceVersionMatch>,
+}
+
+/// How a list's `resourceVersion` is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceVersionMatch {
+    /// The state at exactly that revision, from history.
+    Exact,
+    /// The newest state, which is never older than that revision.
+    NotOlderThan,
 }
 
 /// One page of a list.
@@ -121,6 +132,8 @@ struct Inner {
     restarts: watch::Sender<u64>,
     latency_us: AtomicU64,
     config: SimConfig,
+    /// Where a kubelet keeps pod logs, once one runs.
+    pod_logs: OnceLock<PathBuf>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -145,6 +158,7 @@ impl Cluster {
                 restarts: watch::channel(0).0,
                 latency_us: AtomicU64::new(0),
                 config,
+                pod_logs: OnceLock::new(),
                 runtime,
             }),
         };
@@ -534,6 +548,43 @@ impl Cluster {
             .value()
     }
 
+    /// Where the kubelet keeps pod logs (`pods/log` reads from there).
+    pub(crate) fn attach_pod_logs(&self, root: PathBuf) {
+        let _ = self.inner.pod_logs.set(root);
+    }
+
+    /// A container's log (`GET pods/<name>/log`): the first container's when `container` is
+    /// `None`; 400 for a pod no node has run, as the real server says.
+    pub fn pod_log(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: Option<&str>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let pod = self.pod(namespace, name)?;
+        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+        let root = self.inner.pod_logs.get().filter(|_| !node.is_empty());
+        let Some(root) = root else {
+            return Err(ApiError::bad_request(format!(
+                "pod {name} does not have a host assigned"
+            )));
+        };
+        let first = pod["spec"]["containers"][0]["name"]
+            .as_str()
+            .unwrap_or_default();
+        let container = container.filter(|c| !c.is_empty()).unwrap_or(first);
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let path = crate::kubelet::log_path(root, namespace, name, uid, container);
+        match std::fs::read(&path) {
+            Ok(log) => Ok(log),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(error) => Err(ApiError::new(
+                Reason::InternalError,
+                format!("reading the log of {namespace}/{name}: {error}"),
+            )),
+        }
+    }
+
     /// Sets `status.phase`.
     pub fn set_phase(&self, namespace: &str, name: &str, phase: &str) -> Result<Value, ApiError> {
         self.modify_pod(namespace, name, |pod| {
@@ -639,7 +690,7 @@ fn requested_revision(store: &Store, query: &ListQuery) -> Result<u64, ApiError>
             format!("Too large resource version: {rv}, current: {head}"),
         ));
     }
-    if query.resource_version_match.as_deref() == Some("Exact") {
+    if query.resource_version_match == Some(ResourceVersionMatch::Exact) {
         Ok(rv)
     } else {
         // NotOlderThan: the newest state is never older than what was asked.
@@ -697,48 +748,17 @@ fn set_entry(pod: &mut Value, map: &str, key: &str, value: Option<&str>) {
 }
 
 fn set_container(pod: &mut Value, container: &str, state: &ContainerState) {
-    let is_init = pod["spec"]["initContainers"]
-        .as_array()
-        .is_some_and(|list| list.iter().any(|c| c["name"] == container));
-    let image = ["initContainers", "containers"]
-        .iter()
-        .filter_map(|list| pod["spec"][list].as_array())
-        .flatten()
-        .find(|c| c["name"] == container)
-        .map(|c| c["image"].clone())
-        .unwrap_or(Value::Null);
-    let now = object::now_rfc3339();
-    let (state_json, ready) = match state {
-        ContainerState::Waiting { reason, message } => (
-            json!({ "waiting": { "reason": reason, "message": message } }),
-            false,
-        ),
-        ContainerState::Running => (json!({ "running": { "startedAt": now } }), true),
-        ContainerState::Terminated { exit_code, reason } => (
-            json!({ "terminated": { "exitCode": exit_code, "reason": reason, "finishedAt": now } }),
-            false,
-        ),
+    let state = match state {
+        ContainerState::Waiting { reason, message } => State::Waiting {
+            reason: reason.clone(),
+            message: message.clone(),
+        },
+        ContainerState::Running => State::Running,
+        ContainerState::Terminated { exit_code, reason } => State::Terminated {
+            exit_code: *exit_code,
+            reason: reason.clone(),
+            message: String::new(),
+        },
     };
-    let list_name = if is_init {
-        "initContainerStatuses"
-    } else {
-        "containerStatuses"
-    };
-    let status = ensure_object(pod, "status");
-    if !status[list_name].is_array() {
-        status[list_name] = json!([]);
-    }
-    if let Some(list) = status[list_name].as_array_mut() {
-        let entry = match list.iter().position(|c| c["name"] == container) {
-            Some(at) => &mut list[at],
-            None => {
-                list.push(json!({ "name": container, "image": image, "restartCount": 0 }));
-                let last = list.len() - 1;
-                &mut list[last]
-            }
-        };
-        entry["state"] = state_json;
-        entry["ready"] = json!(ready);
-        entry["started"] = json!(ready);
-    }
+    kubelet::status::set_container(pod, container, &state);
 }

@@ -106,6 +106,15 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        for sub in resource.read_only_subresources() {
+            resources.push(json!({
+                "name": format!("{}/{sub}", resource.plural()),
+                "singularName": "",
+                "namespaced": resource.namespaced(),
+                "kind": resource.kind(),
+                "verbs": ["get"],
+            }));
+        }
     }
     Some(json!({
         "kind": "APIResourceList",

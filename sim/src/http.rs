@@ -1,6 +1,5 @@
 //! The HTTP face of the simulator: kube-apiserver's URL layout, verbs and query parameters.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -12,10 +11,12 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::cluster::{Cluster, DeleteOptions, Deletion, ListQuery};
+use crate::cluster::{Cluster, DeleteOptions, Deletion, ListQuery, ResourceVersionMatch};
 use crate::discovery;
 use crate::object::{Key, Stored};
 use crate::patch::PatchType;
+use crate::protobuf;
+use crate::query::Query;
 use crate::resource::Resource;
 use crate::selector::{FieldSelector, Filter, LabelSelector};
 use crate::status::{self, ApiError, Reason};
@@ -57,7 +58,7 @@ async fn handle(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let query = parse_query(uri.query());
+    let query = Query::parse(uri.query());
     let request = Request {
         method: &method,
         query: &query,
@@ -80,7 +81,7 @@ async fn handle(
 /// What a handler reads of a request besides its path.
 struct Request<'a> {
     method: &'a Method,
-    query: &'a HashMap<String, String>,
+    query: &'a Query,
     headers: &'a HeaderMap,
     body: &'a [u8],
 }
@@ -157,7 +158,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, Api
                     Ok(target(resource, Some(ns), Some(name), None))
                 }
                 (Some(resource), [name, sub])
-                    if resource.namespaced() && resource.subresources().contains(sub) =>
+                    if resource.namespaced() && resource.serves_subresource(sub) =>
                 {
                     Ok(target(resource, Some(ns), Some(name), Some(sub)))
                 }
@@ -196,7 +197,7 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
         headers,
         body,
     } = *request;
-    if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
+    if query.non_empty("dryRun").is_some() {
         return Err(ApiError::bad_request(
             "dryRun is not supported by the podstream simulator",
         ));
@@ -205,10 +206,26 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
     let resource = target.resource;
     let format = requested_format(headers, query);
     let status_sub = target.subresource.as_deref() == Some("status");
+    if let (Some(name), Some("log")) = (&target.name, target.subresource.as_deref()) {
+        if method != Method::GET {
+            return Err(ApiError::new(
+                Reason::MethodNotAllowed,
+                "the server does not allow this method on the requested resource",
+            ));
+        }
+        let namespace = target.namespace.as_deref().unwrap_or_default();
+        let log = cluster.pod_log(namespace, name, query.get("container"))?;
+        let mut response = Response::new(Body::from(log));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/plain"),
+        );
+        return Ok(response);
+    }
     match (&target.name, method.clone()) {
         (None, Method::GET) => {
             let filter = filter(resource, target.namespace.as_deref(), query)?;
-            if target.legacy_watch || is_true(query.get("watch")) {
+            if target.legacy_watch || query.flag("watch") {
                 return watch_response(cluster, resource, filter, query, format);
             }
             list_response(cluster, resource, filter, query, format)
@@ -220,7 +237,7 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
                     "create needs a namespace in the path",
                 ));
             }
-            let value = parse_body(body)?;
+            let value = parse_body(headers, body)?;
             let stored = cluster.create(
                 resource,
                 target.namespace.as_deref().unwrap_or(""),
@@ -234,7 +251,7 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
             Ok(object_response(StatusCode::OK, &stored, format))
         }
         (Some(name), Method::PUT) => {
-            let value = parse_body(body)?;
+            let value = parse_body(headers, body)?;
             let stored = cluster.replace(&key(target, name), value, status_sub)?;
             Ok(object_response(StatusCode::OK, &stored, format))
         }
@@ -275,14 +292,10 @@ fn key(target: &Target, name: &str) -> Key {
     )
 }
 
-fn filter(
-    resource: Resource,
-    namespace: Option<&str>,
-    query: &HashMap<String, String>,
-) -> Result<Filter, ApiError> {
-    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
+fn filter(resource: Resource, namespace: Option<&str>, query: &Query) -> Result<Filter, ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())?;
     let fields = FieldSelector::parse(
-        query.get("fieldSelector").map_or("", String::as_str),
+        query.get("fieldSelector").unwrap_or_default(),
         resource.selectable_fields(),
     )?;
     Ok(Filter {
@@ -296,22 +309,20 @@ fn list_response(
     cluster: &Cluster,
     resource: Resource,
     filter: Filter,
-    query: &HashMap<String, String>,
+    query: &Query,
     format: Format,
 ) -> Result<Response, ApiError> {
-    let limit = match query.get("limit") {
-        Some(n) => Some(
-            n.parse::<usize>()
-                .map_err(|_| ApiError::bad_request(format!("invalid limit {n:?}")))?,
-        ),
-        None => None,
-    };
+    // A limit of zero or less lists everything, as on the real server.
+    let limit = query
+        .integer("limit")?
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| *n > 0);
     let list_query = ListQuery {
         filter,
         limit,
-        continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
-        resource_version: query.get("resourceVersion").cloned(),
-        resource_version_match: query.get("resourceVersionMatch").cloned(),
+        continue_token: query.non_empty("continue").map(str::to_owned),
+        resource_version: query.get("resourceVersion").map(str::to_owned),
+        resource_version_match: resource_version_match(query)?,
     };
     let page = cluster.list(resource, &list_query)?;
     if let Format::Table { full } = format {
@@ -352,18 +363,53 @@ fn list_response(
     Ok(bytes_response(StatusCode::OK, Bytes::from(out)))
 }
 
+/// `resourceVersionMatch`, validated as the apiserver validates `ListOptions` (422 otherwise).
+fn resource_version_match(query: &Query) -> Result<Option<ResourceVersionMatch>, ApiError> {
+    let Some(value) = query.non_empty("resourceVersionMatch") else {
+        return Ok(None);
+    };
+    let invalid = |why: String| {
+        ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![("resourceVersionMatch".to_owned(), why)],
+        )
+    };
+    let resource_version = query.get("resourceVersion").unwrap_or_default();
+    if resource_version.is_empty() {
+        return Err(invalid(
+            "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"
+                .to_owned(),
+        ));
+    }
+    if query.non_empty("continue").is_some() {
+        return Err(invalid(
+            "Forbidden: resourceVersionMatch is forbidden when continue is provided".to_owned(),
+        ));
+    }
+    match value {
+        "Exact" if resource_version == "0" => Err(invalid(
+            "Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\""
+                .to_owned(),
+        )),
+        "Exact" => Ok(Some(ResourceVersionMatch::Exact)),
+        "NotOlderThan" => Ok(Some(ResourceVersionMatch::NotOlderThan)),
+        other => Err(invalid(format!(
+            "Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+        ))),
+    }
+}
+
 fn watch_response(
     cluster: &Cluster,
     resource: Resource,
     filter: Filter,
-    query: &HashMap<String, String>,
+    query: &Query,
     format: Format,
 ) -> Result<Response, ApiError> {
-    let requested = query
-        .get("resourceVersion")
-        .map(String::as_str)
-        .unwrap_or("");
-    let send_initial_events = is_true(query.get("sendInitialEvents"));
+    let requested = query.get("resourceVersion").unwrap_or_default();
+    let send_initial_events = query.optional_flag("sendInitialEvents") == Some(true);
     let from = match requested {
         "" | "0" => None,
         _ if send_initial_events => None,
@@ -372,18 +418,18 @@ fn watch_response(
                 .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?,
         ),
     };
-    let timeout = match query.get("timeoutSeconds") {
-        Some(s) => Some(Duration::from_secs(s.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("invalid timeoutSeconds {s:?}"))
-        })?)),
-        None => None,
-    };
+    // Zero or less means no timeout of the client's, as on the real server.
+    let timeout = query
+        .integer("timeoutSeconds")?
+        .and_then(|s| u64::try_from(s).ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
     let request = WatchRequest {
         resource,
         filter,
         from,
         send_initial_events,
-        bookmarks: is_true(query.get("allowWatchBookmarks")),
+        bookmarks: query.flag("allowWatchBookmarks"),
         timeout,
         format,
     };
@@ -407,7 +453,7 @@ fn watch_response(
         .map_err(|e| ApiError::new(Reason::InternalError, e.to_string()))
 }
 
-fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     let mut options = DeleteOptions::default();
     if !body.iter().all(u8::is_ascii_whitespace) {
         let value: Value = serde_json::from_slice(body)
@@ -423,16 +469,21 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
             .and_then(Value::as_str)
             .map(str::to_owned);
     }
-    if let Some(grace) = query.get("gracePeriodSeconds") {
-        options.grace_period_seconds =
-            Some(grace.parse().map_err(|_| {
-                ApiError::bad_request(format!("invalid gracePeriodSeconds {grace:?}"))
-            })?);
+    if let Some(grace) = query.integer("gracePeriodSeconds")? {
+        // A negative grace period is taken as one second, as the pod registry does.
+        options.grace_period_seconds = Some(u64::try_from(grace).unwrap_or(1));
     }
     Ok(options)
 }
 
-fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type.starts_with(protobuf::CONTENT_TYPE) {
+        return protobuf::decode(body);
+    }
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))?;
     if !value.is_object() {
@@ -443,7 +494,7 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     Ok(value)
 }
 
-fn requested_format(headers: &HeaderMap, query: &HashMap<String, String>) -> Format {
+fn requested_format(headers: &HeaderMap, query: &Query) -> Format {
     let wants_table = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -451,25 +502,11 @@ fn requested_format(headers: &HeaderMap, query: &HashMap<String, String>) -> For
         .any(|accept| accept.contains("as=Table"));
     if wants_table {
         Format::Table {
-            full: query.get("includeObject").map(String::as_str) == Some("Object"),
+            full: query.get("includeObject") == Some("Object"),
         }
     } else {
         Format::Object
     }
-}
-
-fn is_true(value: Option<&String>) -> bool {
-    matches!(value.map(String::as_str), Some("true" | "1"))
-}
-
-fn parse_query(query: Option<&str>) -> HashMap<String, String> {
-    query
-        .map(|q| {
-            form_urlencoded::parse(q.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn object_response(code: StatusCode, stored: &Stored, format: Format) -> Response {

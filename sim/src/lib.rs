@@ -13,8 +13,11 @@
 pub mod cluster;
 pub mod discovery;
 pub mod http;
+pub mod kubelet;
 pub mod object;
 pub mod patch;
+pub mod protobuf;
+pub mod query;
 pub mod resource;
 pub mod selector;
 pub mod server;
@@ -24,7 +27,10 @@ pub mod table;
 pub mod template;
 pub mod watch;
 
-pub use cluster::{Cluster, ContainerState, DeleteOptions, Deletion, SimConfig};
+pub use cluster::{
+    Cluster, ContainerState, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig,
+};
+pub use kubelet::{Fault, Kubelet, KubeletConfig};
 pub use resource::Resource;
 pub use server::{Server, kubeconfig};
 pub use status::{ApiError, Reason};

@@ -80,6 +80,19 @@ impl Resource {
         }
     }
 
+    /// Subresources served for reading only (`pods/log`, once a kubelet writes logs).
+    pub fn read_only_subresources(self) -> &'static [&'static str] {
+        match self {
+            Resource::Pods => &["log"],
+            Resource::Namespaces | Resource::Leases => &[],
+        }
+    }
+
+    /// Whether `sub` is served at all, read-only or not.
+    pub fn serves_subresource(self, sub: &str) -> bool {
+        self.subresources().contains(&sub) || self.read_only_subresources().contains(&sub)
+    }
+
     /// Whether the main resource ignores status changes (they go through `/status`).
     pub fn has_status_subresource(self) -> bool {
         !self.subresources().is_empty()

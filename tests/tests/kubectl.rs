@@ -299,3 +299,33 @@ async fn kubectl_field_selectors_and_tables() {
         "{namespaces}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_creates_and_deletes_a_namespace_with_its_protobuf_client() {
+    let sim = sim().await;
+    // kubectl's typed client sends this body as protobuf, not JSON.
+    let created = run(&sim, &["create", "namespace", "team-a"]);
+    assert!(created.contains("namespace/team-a created"), "{created}");
+    let labelled = run(&sim, &["label", "namespace", "team-a", "team=a"]);
+    assert!(labelled.contains("labeled"), "{labelled}");
+    let label = run(
+        &sim,
+        &[
+            "get",
+            "namespace",
+            "team-a",
+            "-o",
+            "jsonpath={.metadata.labels.team}",
+        ],
+    );
+    assert_eq!(label, "a");
+    // A pod can live there, and goes with it.
+    let mut pod = WorkerPod::new("task-t", "1", "etl", "extract", "manual__1").to_json();
+    pod["metadata"]["namespace"] = "team-a".into();
+    sim.server.cluster().create_pod(pod).unwrap();
+    let (ok, _, stderr) = kubectl(&sim.kubeconfig, &["create", "namespace", "team-a"]);
+    assert!(!ok && stderr.contains("AlreadyExists"), "{stderr}");
+    run(&sim, &["delete", "namespace", "team-a"]);
+    let (ok, _, stderr) = kubectl(&sim.kubeconfig, &["get", "pod", "task-t", "-n", "team-a"]);
+    assert!(!ok && stderr.contains("NotFound"), "{stderr}");
+}

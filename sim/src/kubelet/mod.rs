@@ -1,0 +1,583 @@
+//! A kubelet for the simulator: each pod, once created, runs the way a node would run it. Its
+//! first container's command runs as a local process (there are no images), and the kubelet
+//! writes the status a real one writes: `Pending` (`ContainerCreating`) → `Running` →
+//! `Succeeded`/`Failed` from the exit code. A graceful delete sends SIGTERM, then SIGKILL when
+//! the grace period ends, and the pod goes once its process is gone. Faults are played on
+//! demand ([`Fault`]), and a node with `max_pods` leaves the rest Pending and unschedulable.
+//!
+//! - [`plan`]: what to run for a pod (pure); [`status`]: the status writes (pure);
+//! - this file: the loop that follows the cluster's changes, and one task per running pod.
+
+pub mod plan;
+pub mod status;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use plan::{FAULT_AFTER_ANNOTATION, FAULT_ANNOTATION, Fault, Node};
+
+use crate::cluster::{Cluster, DeleteOptions};
+use crate::object::Key;
+use crate::resource::Resource;
+use crate::selector::Filter;
+use crate::status::ApiError;
+use crate::store::Change;
+use plan::{Launch, Refusal};
+use status::State;
+
+/// The node name the kubelet binds pods to.
+pub const NODE_NAME: &str = "podstream-sim-node";
+
+/// How the kubelet runs.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// Where pods get their scratch working directories and logs.
+    pub root: PathBuf,
+    /// At most this many pods run at once; the rest stay Pending (`Unschedulable`).
+    pub max_pods: Option<usize>,
+}
+
+/// One pod, by the identity that outlives a re-creation under the same name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PodId {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+/// What the loop tells a pod's task.
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// A graceful delete: SIGTERM now, SIGKILL after the grace period.
+    Terminate(Duration),
+    /// The pod is gone: kill what runs, write nothing.
+    Kill,
+    /// Play a fault now.
+    Fault(Fault),
+}
+
+/// A pod the kubelet runs: how to reach its task, and its process group once started.
+struct Running {
+    orders: mpsc::UnboundedSender<Order>,
+    process_group: Arc<Mutex<Option<Pid>>>,
+}
+
+type Registry = Arc<Mutex<HashMap<PodId, Running>>>;
+
+/// A running kubelet. Dropping it kills every process it started.
+pub struct Kubelet {
+    pods: Registry,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Kubelet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubelet").finish_non_exhaustive()
+    }
+}
+
+/// What every pod task shares.
+struct Host {
+    cluster: Cluster,
+    node: Node,
+    root: PathBuf,
+}
+
+impl Kubelet {
+    /// Starts running the cluster's pods (those already there first) on the current runtime.
+    pub fn start(cluster: Cluster, config: KubeletConfig) -> anyhow::Result<Kubelet> {
+        std::fs::create_dir_all(&config.root).with_context(|| {
+            format!("creating the kubelet's directory {}", config.root.display())
+        })?;
+        let root = config
+            .root
+            .canonicalize()
+            .with_context(|| format!("resolving {}", config.root.display()))?;
+        cluster.attach_pod_logs(root.clone());
+        let pods: Registry = Arc::default();
+        let node = Arc::new(Host {
+            cluster: cluster.clone(),
+            node: Node {
+                name: NODE_NAME.to_owned(),
+                ip: "127.0.0.1".to_owned(),
+            },
+            root,
+        });
+        let task = tokio::spawn(follow(node, config.max_pods, pods.clone()));
+        Ok(Kubelet { pods, task })
+    }
+
+    /// Plays `fault` on a pod the kubelet runs now (control API), or 404.
+    pub fn inject(&self, namespace: &str, name: &str, fault: Fault) -> Result<(), ApiError> {
+        let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        pods.iter()
+            .find(|(id, _)| id.namespace == namespace && id.name == name)
+            .and_then(|(_, running)| running.orders.send(Order::Fault(fault)).ok())
+            .ok_or_else(|| ApiError::not_found("", "pods", name))
+    }
+
+    /// How many pods have a task (running, or waiting to end).
+    pub fn active(&self) -> usize {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+        let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        for running in pods.values() {
+            let group = *running
+                .process_group
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Where a pod's container log lives under the kubelet's root.
+pub fn log_path(root: &Path, namespace: &str, name: &str, uid: &str, container: &str) -> PathBuf {
+    root.join(namespace)
+        .join(format!("{name}_{uid}"))
+        .join(format!("{container}.log"))
+}
+
+fn id_of(pod: &Value) -> PodId {
+    let meta = &pod["metadata"];
+    let text = |f: &str| meta[f].as_str().unwrap_or_default().to_owned();
+    PodId {
+        namespace: text("namespace"),
+        name: text("name"),
+        uid: text("uid"),
+    }
+}
+
+/// Pods the loop has started and pods waiting for room.
+struct Admission {
+    max_pods: Option<usize>,
+    started: HashSet<PodId>,
+    waiting: VecDeque<PodId>,
+}
+
+impl Admission {
+    fn has_room(&self) -> bool {
+        self.max_pods.is_none_or(|max| self.started.len() < max)
+    }
+}
+
+/// Follows the cluster's pod changes: starts new pods, passes deletes on, admits waiting pods
+/// when room frees up.
+async fn follow(node: Arc<Host>, max_pods: Option<usize>, pods: Registry) {
+    let cluster = node.cluster.clone();
+    let mut head = cluster.subscribe();
+    let (finished_tx, mut finished) = mpsc::unbounded_channel::<PodId>();
+    let mut admission = Admission {
+        max_pods,
+        started: HashSet::new(),
+        waiting: VecDeque::new(),
+    };
+    let (current, mut rv) = cluster.current(Resource::Pods, &Filter::default());
+    for stored in current {
+        if let Ok(pod) = stored.value() {
+            observe(
+                &node,
+                &pods,
+                &finished_tx,
+                &mut admission,
+                Change::Added,
+                &pod,
+            );
+        }
+    }
+    loop {
+        loop {
+            let events = match cluster.events_after(rv, 1024) {
+                Ok(events) => events,
+                Err(_) => {
+                    // History compacted under us: carry on from now (pods already known keep
+                    // their tasks; their deletes still reach them as the pod's last changes).
+                    rv = cluster.resource_version();
+                    break;
+                }
+            };
+            let Some(last) = events.last() else { break };
+            rv = last.rv;
+            for event in events
+                .iter()
+                .filter(|e| e.object.key.resource == Resource::Pods)
+            {
+                if let Ok(pod) = event.object.value() {
+                    observe(
+                        &node,
+                        &pods,
+                        &finished_tx,
+                        &mut admission,
+                        event.change,
+                        &pod,
+                    );
+                }
+            }
+        }
+        tokio::select! {
+            changed = head.changed() => if changed.is_err() { return },
+            Some(done) = finished.recv() => {
+                admission.started.remove(&done);
+                while admission.has_room() {
+                    let Some(next) = admission.waiting.pop_front() else { break };
+                    match cluster.pod(&next.namespace, &next.name) {
+                        Ok(pod) if id_of(&pod) == next => {
+                            start(&node, &pods, &finished_tx, &mut admission, next);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn observe(
+    node: &Arc<Host>,
+    pods: &Registry,
+    finished: &mpsc::UnboundedSender<PodId>,
+    admission: &mut Admission,
+    change: Change,
+    pod: &Value,
+) {
+    let id = id_of(pod);
+    let terminating = pod["metadata"]["deletionTimestamp"].is_string();
+    let bound_here = pod["spec"]["nodeName"]
+        .as_str()
+        .is_none_or(|n| n.is_empty() || n == node.node.name);
+    let registry = pods.lock().unwrap_or_else(PoisonError::into_inner);
+    let running = registry.get(&id).map(|r| r.orders.clone());
+    drop(registry);
+    match change {
+        Change::Deleted => {
+            if let Some(orders) = running {
+                let _ = orders.send(Order::Kill);
+            }
+            admission.waiting.retain(|w| *w != id);
+        }
+        _ if terminating => {
+            if let Some(orders) = running {
+                let grace = pod["metadata"]["deletionGracePeriodSeconds"]
+                    .as_u64()
+                    .unwrap_or(30);
+                let _ = orders.send(Order::Terminate(Duration::from_secs(grace)));
+            } else if bound_here {
+                // Nothing runs for it (never started, waiting, or finished): it goes at once.
+                admission.waiting.retain(|w| *w != id);
+                let options = DeleteOptions {
+                    grace_period_seconds: Some(0),
+                    uid: Some(id.uid.clone()),
+                    ..DeleteOptions::default()
+                };
+                let key = Key::new(Resource::Pods, &id.namespace, &id.name);
+                let _ = node.cluster.delete(&key, &options);
+            }
+        }
+        Change::Added => {
+            let pending = pod["status"]["phase"]
+                .as_str()
+                .is_none_or(|p| p == "Pending");
+            let unbound = pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
+            if !pending || !unbound || admission.started.contains(&id) {
+                return;
+            }
+            if admission.has_room() {
+                start(node, pods, finished, admission, id);
+            } else {
+                let max = admission.max_pods.unwrap_or_default();
+                let _ = node.cluster.modify_pod(&id.namespace, &id.name, |p| {
+                    status::unschedulable(p, max);
+                });
+                admission.waiting.push_back(id);
+            }
+        }
+        Change::Modified => {}
+    }
+}
+
+fn start(
+    node: &Arc<Host>,
+    pods: &Registry,
+    finished: &mpsc::UnboundedSender<PodId>,
+    admission: &mut Admission,
+    id: PodId,
+) {
+    let (orders, inbox) = mpsc::unbounded_channel();
+    let process_group = Arc::new(Mutex::new(None));
+    pods.lock().unwrap_or_else(PoisonError::into_inner).insert(
+        id.clone(),
+        Running {
+            orders,
+            process_group: process_group.clone(),
+        },
+    );
+    admission.started.insert(id.clone());
+    let node = node.clone();
+    let pods = pods.clone();
+    let finished = finished.clone();
+    tokio::spawn(async move {
+        run_pod(&node, &id, inbox, process_group).await;
+        pods.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        let _ = finished.send(id);
+    });
+}
+
+/// How a pod's process ended, beside its exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// It exited, or was stopped by a graceful delete.
+    Exited,
+    /// Killed for memory.
+    OomKilled,
+    /// Evicted.
+    Evicted,
+    /// The node was lost: no status, the pod deleted.
+    NodeLost,
+    /// The pod is gone already.
+    Gone,
+}
+
+/// Runs one pod from creation to its end.
+async fn run_pod(
+    node: &Host,
+    id: &PodId,
+    mut orders: mpsc::UnboundedReceiver<Order>,
+    process_group: Arc<Mutex<Option<Pid>>>,
+) {
+    let cluster = &node.cluster;
+    let Ok(pod) = cluster.pod(&id.namespace, &id.name) else {
+        return;
+    };
+    let container = pod["spec"]["containers"][0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let write = |change: &dyn Fn(&mut Value)| {
+        let result = cluster.modify_pod(&id.namespace, &id.name, |pod| {
+            if id_of(pod) == *id {
+                change(pod);
+            }
+        });
+        if let Err(error) = result {
+            tracing::debug!(pod = %id.name, namespace = %id.namespace, %error, "kubelet status write refused");
+        }
+    };
+    write(&|pod| status::scheduled(pod, &node.node, &container));
+    let launch = match plan::plan(&pod, &node.node) {
+        Ok(launch) => launch,
+        Err(Refusal::CannotRun(message)) => {
+            tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container cannot run");
+            write(&|pod| status::terminated(pod, &container, 128, "ContainerCannotRun", &message));
+            return;
+        }
+        Err(Refusal::Config(message)) => {
+            tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container config error");
+            let state = State::Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message,
+            };
+            write(&|pod| status::set_container(pod, &container, &state));
+            stay_pending(node, id, &mut orders).await;
+            return;
+        }
+    };
+    if matches!(launch.fault, Some((Fault::ImagePull, _))) {
+        for reason in ["ErrImagePull", "ImagePullBackOff"] {
+            let state = State::Waiting {
+                reason: reason.into(),
+                message: "podstream simulator fault: image-pull".into(),
+            };
+            write(&|pod| status::set_container(pod, &container, &state));
+        }
+        stay_pending(node, id, &mut orders).await;
+        return;
+    }
+    let mut child = match spawn(node, id, &launch) {
+        Ok(child) => child,
+        Err(message) => {
+            tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container cannot run");
+            write(&|pod| status::terminated(pod, &container, 128, "ContainerCannotRun", &message));
+            return;
+        }
+    };
+    let group = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(Pid::from_raw);
+    *process_group.lock().unwrap_or_else(PoisonError::into_inner) = group;
+    let signal = |signal: Signal| {
+        if let Some(group) = group {
+            let _ = killpg(group, signal);
+        }
+    };
+    write(&|pod| status::running(pod, &node.node, &launch.container));
+    tracing::info!(pod = %id.name, namespace = %id.namespace, program = %launch.program, "container started");
+
+    let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    let mut fault_at = launch
+        .fault
+        .map_or(far, |(_, after)| Instant::now() + after);
+    let mut pending_fault = launch.fault.map(|(fault, _)| fault);
+    let mut kill_at = far;
+    let mut terminating = false;
+    let mut ending = Ending::Exited;
+    let exit = loop {
+        tokio::select! {
+            exit = child.wait() => break exit,
+            order = orders.recv() => match order {
+                Some(Order::Terminate(grace)) if !terminating => {
+                    terminating = true;
+                    signal(Signal::SIGTERM);
+                    kill_at = Instant::now() + grace;
+                }
+                Some(Order::Terminate(_)) => {}
+                Some(Order::Fault(fault)) => {
+                    pending_fault = Some(fault);
+                    fault_at = Instant::now();
+                }
+                Some(Order::Kill) | None => {
+                    ending = Ending::Gone;
+                    signal(Signal::SIGKILL);
+                }
+            },
+            () = tokio::time::sleep_until(kill_at) => {
+                signal(Signal::SIGKILL);
+                kill_at = far;
+            }
+            () = tokio::time::sleep_until(fault_at) => {
+                fault_at = far;
+                ending = match pending_fault.take() {
+                    Some(Fault::OomKilled) => Ending::OomKilled,
+                    Some(Fault::Evicted) => Ending::Evicted,
+                    Some(Fault::NodeLost) => Ending::NodeLost,
+                    Some(Fault::ImagePull) | None => continue,
+                };
+                signal(Signal::SIGKILL);
+            }
+        }
+    };
+    // Whatever the task left behind in its process group goes with it.
+    signal(Signal::SIGKILL);
+    let code = match &exit {
+        Ok(status) => status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(1),
+        Err(_) => 1,
+    };
+    tracing::info!(pod = %id.name, namespace = %id.namespace, code, ?ending, "container ended");
+    match ending {
+        Ending::Gone => return,
+        Ending::NodeLost => {
+            remove(node, id);
+            return;
+        }
+        Ending::OomKilled => {
+            write(&|pod| status::terminated(pod, &launch.container, 137, "OOMKilled", ""));
+        }
+        Ending::Evicted => write(&|pod| status::evicted(pod, &launch.container)),
+        Ending::Exited => {
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            write(&|pod| status::terminated(pod, &launch.container, code, reason, ""));
+        }
+    }
+    if terminating {
+        remove(node, id);
+    }
+}
+
+/// A pod that never starts waits for its delete, then goes at once.
+async fn stay_pending(node: &Host, id: &PodId, orders: &mut mpsc::UnboundedReceiver<Order>) {
+    loop {
+        match orders.recv().await {
+            Some(Order::Terminate(_)) => {
+                remove(node, id);
+                return;
+            }
+            Some(Order::Kill) | None => return,
+            Some(Order::Fault(fault)) => {
+                tracing::warn!(pod = %id.name, fault = fault.as_str(), "a pod that never started cannot play a fault");
+            }
+        }
+    }
+}
+
+/// Deletes the pod with grace 0, as the kubelet does once its containers are gone.
+fn remove(node: &Host, id: &PodId) {
+    let options = DeleteOptions {
+        grace_period_seconds: Some(0),
+        uid: Some(id.uid.clone()),
+        ..DeleteOptions::default()
+    };
+    let key = Key::new(Resource::Pods, &id.namespace, &id.name);
+    if let Err(error) = node.cluster.delete(&key, &options) {
+        tracing::debug!(pod = %id.name, %error, "kubelet's final delete refused");
+    }
+}
+
+/// Starts the container's process in its own process group, its output in the pod's log.
+fn spawn(node: &Host, id: &PodId, launch: &Launch) -> Result<tokio::process::Child, String> {
+    let log = log_path(
+        &node.root,
+        &id.namespace,
+        &id.name,
+        &id.uid,
+        &launch.container,
+    );
+    let dir = log
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| node.root.clone());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let out =
+        std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("opening {}: {e}", log.display()))?;
+    let working_dir = launch
+        .working_dir
+        .as_ref()
+        .map_or_else(|| dir.join("work"), PathBuf::from);
+    std::fs::create_dir_all(&working_dir)
+        .map_err(|e| format!("creating {}: {e}", working_dir.display()))?;
+    let mut command = tokio::process::Command::new(&launch.program);
+    command
+        .args(&launch.args)
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&working_dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    command.spawn().map_err(|e| {
+        format!(
+            "failed to start container process: exec: {:?}: {e}",
+            launch.program
+        )
+    })
+}
