@@ -19,6 +19,23 @@ pub enum Airflow {
 }
 
 impl Airflow {
+    /// Every release the tests run against.
+    pub const ALL: [Airflow; 2] = [Airflow::V2_10, Airflow::V3_1];
+
+    /// The venv's Python with a scratch `AIRFLOW_HOME`, no example DAGs, and the venv first on
+    /// `PATH` (so `airflow` is this release).
+    pub fn python(self, home: &std::path::Path) -> Command {
+        let mut command = Command::new(self.venv_bin().join("python"));
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![self.venv_bin()];
+        paths.extend(std::env::split_paths(&path));
+        command
+            .env("AIRFLOW_HOME", home)
+            .env("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+            .env("PATH", std::env::join_paths(paths).unwrap_or(path));
+        command
+    }
+
     /// `2.10` or `3.1`.
     pub fn short(self) -> &'static str {
         match self {

@@ -116,8 +116,9 @@ pub fn set_container(pod: &mut Value, container: &str, state: &State) {
         .filter_map(|list| pod["spec"][list].as_array())
         .flatten()
         .find(|c| c["name"] == container)
-        .map(|c| c["image"].clone())
-        .unwrap_or(Value::Null);
+        .and_then(|c| c["image"].as_str())
+        .unwrap_or_default()
+        .to_owned();
     let list_name = if is_init {
         "initContainerStatuses"
     } else {
@@ -136,7 +137,15 @@ pub fn set_container(pod: &mut Value, container: &str, state: &State) {
     let at = match list.iter().position(|c| c["name"] == container) {
         Some(at) => at,
         None => {
-            list.push(json!({ "name": container, "image": image, "restartCount": 0 }));
+            // Every field the API marks required (the Python client refuses a status without
+            // `imageID`); there is no image, so its id names the simulator.
+            list.push(json!({
+                "name": container,
+                "image": image,
+                "imageID": format!("podstream-sim://{image}"),
+                "restartCount": 0,
+                "ready": false,
+            }));
             list.len() - 1
         }
     };
