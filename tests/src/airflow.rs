@@ -49,6 +49,25 @@ impl Airflow {
         workspace_root().join(format!("target/tools/airflow-{}/bin", self.short()))
     }
 
+    /// Whether this is an Airflow 3 release.
+    pub fn is_3(self) -> bool {
+        matches!(self, Airflow::V3_1)
+    }
+
+    /// The processes a running Airflow is made of, in start order.
+    pub fn components(self) -> &'static [&'static str] {
+        if self.is_3() {
+            &["api-server", "dag-processor", "scheduler"]
+        } else {
+            &["scheduler"]
+        }
+    }
+
+    /// The cached `pg_dump` of a database `airflow db migrate` made.
+    pub fn cached_pg_dump(self) -> PathBuf {
+        self.cached("pg.sql")
+    }
+
     fn cached(self, suffix: &str) -> PathBuf {
         let path = workspace_root().join(format!(
             "target/airflow-db/airflow-{}.{suffix}",
@@ -94,7 +113,7 @@ impl AirflowDb {
 
     /// A new database on `cluster`, restored from the cached dump.
     pub fn postgres(airflow: Airflow, cluster: &PgCluster, name: &str) -> AirflowDb {
-        cluster.create_database(name, Some(&airflow.cached("pg.sql")));
+        cluster.create_database(name, Some(&airflow.cached_pg_dump()));
         let url = cluster.url(name);
         AirflowDb {
             sqlalchemy_url: url.replacen("postgres://", "postgresql+psycopg2://", 1),

@@ -6,6 +6,7 @@ pub mod airflow;
 pub mod bus;
 pub mod nats;
 pub mod postgres;
+pub mod real_airflow;
 pub mod sink;
 
 use std::path::{Path, PathBuf};

@@ -125,7 +125,20 @@ impl PgCluster {
         }
     }
 
-    fn psql(&self, database: &str, args: &[&str]) {
+    /// Rows of a query, each a list of its columns as text (NULL as an empty string).
+    ///
+    /// # Panics
+    /// When psql fails.
+    pub fn query(&self, database: &str, sql: &str) -> Vec<Vec<String>> {
+        let output = self.psql(database, &["-A", "-t", "-F", "\t", "-c", sql]);
+        output
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| line.split('\t').map(str::to_owned).collect())
+            .collect()
+    }
+
+    fn psql(&self, database: &str, args: &[&str]) -> String {
         let output = Command::new(pg_bin().join("psql"))
             .args([
                 "-q",
@@ -148,6 +161,7 @@ impl PgCluster {
             "psql {args:?} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
 

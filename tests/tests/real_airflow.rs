@@ -1,0 +1,70 @@
+//! A real Airflow scheduler of each release, with the stock KubernetesExecutor, runs DAGs on
+//! `podstream sim --kubelet` alone, on PostgreSQL: tasks succeed, a failing task retries and
+//! ends failed, each callback runs once, and the worker pods are deleted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use podstream_tests::airflow::Airflow;
+use podstream_tests::real_airflow::{RealAirflow, TiRow};
+
+const DAG: &str = "podstream_checks";
+
+fn ti(task_id: &str, state: &str, try_number: i64) -> TiRow {
+    TiRow {
+        task_id: task_id.to_owned(),
+        state: state.to_owned(),
+        try_number,
+    }
+}
+
+fn runs_the_dags(airflow: Airflow) {
+    let real = RealAirflow::start(airflow);
+    let state = real.wait_for_run(DAG, Duration::from_secs(240));
+    let version = airflow.short();
+    assert_eq!(
+        state,
+        "failed",
+        "Airflow {version}: `fails` fails the run\n{}",
+        real.logs()
+    );
+    assert_eq!(
+        real.tis(DAG),
+        [
+            ti("fails", "failed", 2),
+            ti("runs_long", "success", 1),
+            ti("succeeds", "success", 1)
+        ],
+        "Airflow {version}\n{}",
+        real.logs()
+    );
+    assert_eq!(
+        real.markers(),
+        [
+            "failure.podstream_checks.fails.2",
+            "retry.podstream_checks.fails.1",
+            "success.podstream_checks.runs_long.1",
+            "success.podstream_checks.succeeds.1",
+        ],
+        "Airflow {version}: one callback per event"
+    );
+    // delete_worker_pods: every worker pod goes once the executor has its result.
+    let left = real.wait_for_pods(Duration::from_secs(60), <[_]>::is_empty);
+    let names: Vec<_> = left.iter().map(|p| p["metadata"]["name"].clone()).collect();
+    assert!(
+        names.is_empty(),
+        "Airflow {version}: pods left {names:?}\n{}",
+        real.logs()
+    );
+}
+
+#[test]
+fn airflow_2_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::V2_10);
+}
+
+#[test]
+fn airflow_3_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::V3_1);
+}
