@@ -4,9 +4,11 @@
 //! the api-server (whose execution API the 3.x workers call), dag-processor and scheduler
 //! for 3.x. The DAGs are under `tests/airflow/dags`; callbacks leave marker files.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
@@ -19,6 +21,25 @@ use crate::{free_port, kubectl, podstream_binary, workspace_root};
 
 /// The database Airflow runs on.
 const DATABASE: &str = "airflow";
+
+/// Which DAGs the Airflow parses (a folder under `tests/airflow/dags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dags {
+    /// `podstream_checks`: a success, a failure with a retry, a long task.
+    Checks,
+    /// `podstream_story`: one long task, for the seed stories.
+    Story,
+}
+
+impl Dags {
+    fn folder(self) -> PathBuf {
+        let name = match self {
+            Dags::Checks => "checks",
+            Dags::Story => "story",
+        };
+        workspace_root().join("tests/airflow/dags").join(name)
+    }
+}
 
 /// One task instance as the metadata DB holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +118,132 @@ impl Service {
     }
 }
 
+/// What happened, in order: pod changes (a kubectl watch), task instance, scheduler job and
+/// callback changes (sampled whenever the test waits), and the test's own actions.
+struct Recorder {
+    start: Instant,
+    entries: Arc<Mutex<Vec<(Duration, String)>>>,
+    rows: Mutex<BTreeMap<String, String>>,
+    markers: Mutex<BTreeSet<String>>,
+    watch: Option<Child>,
+}
+
+impl Recorder {
+    fn start(kubeconfig: &Path) -> Recorder {
+        let start = Instant::now();
+        let entries: Arc<Mutex<Vec<(Duration, String)>>> = Arc::default();
+        let watch = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "get",
+                "pods",
+                "-A",
+                "-w",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        let mut watch = watch;
+        if let Some(stdout) = watch.as_mut().and_then(|w| w.stdout.take()) {
+            let entries = entries.clone();
+            std::thread::spawn(move || {
+                let mut last: BTreeMap<String, String> = BTreeMap::new();
+                let events = serde_json::Deserializer::from_reader(stdout).into_iter::<Value>();
+                for event in events.map_while(Result::ok) {
+                    let pod = &event["object"];
+                    let name = pod["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let summary = pod_summary(&event);
+                    if last.get(&name) != Some(&summary) {
+                        entries
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push((start.elapsed(), format!("pod {name}: {summary}")));
+                        last.insert(name, summary);
+                    }
+                }
+            });
+        }
+        Recorder {
+            start,
+            entries,
+            rows: Mutex::default(),
+            markers: Mutex::default(),
+            watch,
+        }
+    }
+
+    fn push(&self, what: String) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((self.start.elapsed(), what));
+    }
+
+    /// Records each keyed row whose text changed since the last sample.
+    fn rows(&self, rows: impl IntoIterator<Item = (String, String)>) {
+        let mut last = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, text) in rows {
+            if last.get(&key) != Some(&text) {
+                self.push(text.clone());
+                last.insert(key, text);
+            }
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        entries.sort_by_key(|(at, _)| *at);
+        entries
+            .iter()
+            .map(|(at, what)| format!("{:>6.1}s  {what}", at.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.as_mut() {
+            let _ = watch.kill();
+            let _ = watch.wait();
+        }
+    }
+}
+
+/// A pod event in a few words: type, phase, owner, terminating.
+fn pod_summary(event: &Value) -> String {
+    let pod = &event["object"];
+    let phase = pod["status"]["phase"].as_str().unwrap_or("-");
+    let owner = pod["metadata"]["labels"]["airflow-worker"]
+        .as_str()
+        .unwrap_or("-");
+    let mut summary = format!(
+        "{} {phase}, airflow-worker={owner}",
+        event["type"].as_str().unwrap_or_default()
+    );
+    if pod["metadata"]["deletionTimestamp"].is_string() {
+        summary.push_str(", terminating");
+    }
+    for label in ["airflow_executor_done", "airflow_pod_revoked"] {
+        if pod["metadata"]["labels"][label].is_string() {
+            summary.push_str(&format!(", {label}"));
+        }
+    }
+    summary
+}
+
 /// A real Airflow with the stock KubernetesExecutor on `podstream sim --kubelet`.
 pub struct RealAirflow {
     /// Which release.
@@ -109,6 +256,7 @@ pub struct RealAirflow {
     env: Vec<(String, String)>,
     sim: Option<Service>,
     components: Vec<Service>,
+    recorder: Option<Recorder>,
     dir: tempfile::TempDir,
 }
 
@@ -117,7 +265,7 @@ impl RealAirflow {
     ///
     /// # Panics
     /// When anything fails to start: the test cannot go on without it.
-    pub fn start(airflow: Airflow) -> RealAirflow {
+    pub fn start(airflow: Airflow, dags: Dags) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pg = PgCluster::start();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
@@ -127,7 +275,7 @@ impl RealAirflow {
         for folder in [&markers, &home] {
             std::fs::create_dir_all(folder).unwrap_or_else(|e| panic!("{e}"));
         }
-        let env = environment(airflow, &pg, &kubeconfig, &markers, &home);
+        let env = environment(airflow, dags, &pg, &kubeconfig, &markers, &home);
         let mut real = RealAirflow {
             airflow,
             kubeconfig,
@@ -136,9 +284,11 @@ impl RealAirflow {
             env,
             sim: None,
             components: Vec::new(),
+            recorder: None,
             dir,
         };
         real.start_sim();
+        real.recorder = Some(Recorder::start(&real.kubeconfig));
         for component in airflow.components() {
             real.start_component(component);
         }
@@ -173,8 +323,8 @@ impl RealAirflow {
         self.sim = Some(sim);
     }
 
-    /// Starts one Airflow component (`scheduler`, `api-server`, `dag-processor`).
-    pub fn start_component(&mut self, component: &str) {
+    /// Starts one Airflow component (`scheduler`, `api-server`, `dag-processor`); its index.
+    pub fn start_component(&mut self, component: &str) -> usize {
         let log = self
             .dir
             .path()
@@ -186,6 +336,111 @@ impl RealAirflow {
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         self.components
             .push(Service::spawn(component, command, log));
+        let index = self.components.len() - 1;
+        self.note(format!("started {component} #{index}"));
+        index
+    }
+
+    /// The index of the first component of that name.
+    pub fn component(&self, name: &str) -> Option<usize> {
+        self.components.iter().position(|c| c.name == name)
+    }
+
+    /// Sends a signal to a component's process group (SIGSTOP, SIGCONT, SIGKILL).
+    pub fn signal(&self, index: usize, signal: Signal) {
+        if let Some(component) = self.components.get(index) {
+            self.note(format!("{signal} to {} #{index}", component.name));
+            component.signal(signal);
+        }
+    }
+
+    /// Writes a line into the timeline.
+    pub fn note(&self, what: impl Into<String>) {
+        if let Some(recorder) = &self.recorder {
+            recorder.push(format!("** {}", what.into()));
+        }
+    }
+
+    /// Samples task instances, scheduler jobs and callbacks into the timeline.
+    pub fn sample(&self) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let tis = self.query(
+            "SELECT task_id, try_number, coalesce(state, 'none'), coalesce(queued_by_job_id::text, '-') \
+             FROM task_instance ORDER BY task_id",
+        );
+        let jobs = self.query(
+            "SELECT id, coalesce(state, 'none') FROM job WHERE job_type = 'SchedulerJob' ORDER BY id",
+        );
+        let rows = tis
+            .iter()
+            .filter(|r| r.len() == 4)
+            .map(|r| {
+                (
+                    format!("ti {}", r[0]),
+                    format!(
+                        "TI {} try {}: {} (queued_by_job_id {})",
+                        r[0], r[1], r[2], r[3]
+                    ),
+                )
+            })
+            .chain(jobs.iter().filter(|r| r.len() == 2).map(|r| {
+                (
+                    format!("job {}", r[0]),
+                    format!("scheduler job {}: {}", r[0], r[1]),
+                )
+            }));
+        recorder.rows(rows);
+        let mut seen = recorder
+            .markers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for marker in self.markers() {
+            if seen.insert(marker.clone()) {
+                recorder.push(format!("callback {marker}"));
+            }
+        }
+    }
+
+    /// The timeline so far.
+    pub fn timeline(&self) -> String {
+        self.sample();
+        self.recorder
+            .as_ref()
+            .map(Recorder::render)
+            .unwrap_or_default()
+    }
+
+    /// Samples until `done` holds; panics with the timeline and logs after `timeout`.
+    pub fn wait_until(&self, what: &str, timeout: Duration, done: impl Fn(&RealAirflow) -> bool) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.sample();
+            if done(self) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {timeout:?} for {what}\n{}\n{}",
+                self.timeline(),
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Creates a pod through kubectl, as a person or another controller would.
+    pub fn create_pod(&self, pod: &Value) {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("pod");
+        let file = self.dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, pod.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let (ok, _, stderr) = kubectl(
+            &self.kubeconfig,
+            &["create", "-f", &file.display().to_string()],
+        );
+        assert!(ok, "kubectl create {name}: {stderr}");
+        self.note(format!("created pod {name}"));
     }
 
     /// The environment Airflow and its worker pods run with.
@@ -203,6 +458,7 @@ impl RealAirflow {
             let rows = self.query(&format!(
                 "SELECT state FROM dag_run WHERE dag_id = '{dag_id}' ORDER BY id LIMIT 1"
             ));
+            self.sample();
             if let Some(state) = rows.first().and_then(|r| r.first())
                 && (state == "success" || state == "failed")
             {
@@ -210,7 +466,8 @@ impl RealAirflow {
             }
             assert!(
                 Instant::now() < deadline,
-                "the run of {dag_id} did not end in {timeout:?}; rows {rows:?}\n{}",
+                "the run of {dag_id} did not end in {timeout:?}; rows {rows:?}\n{}\n{}",
+                self.timeline(),
                 self.logs()
             );
             std::thread::sleep(Duration::from_millis(250));
@@ -291,6 +548,7 @@ impl RealAirflow {
 
 impl Drop for RealAirflow {
     fn drop(&mut self) {
+        self.recorder = None;
         for component in self.components.iter_mut().rev() {
             component.stop();
         }
@@ -316,6 +574,7 @@ fn sim_ready(log: &Path) -> bool {
 /// the simulator, short scheduler intervals, and for 3.x the execution API's address.
 fn environment(
     airflow: Airflow,
+    dags: Dags,
     pg: &PgCluster,
     kubeconfig: &Path,
     markers: &Path,
@@ -336,7 +595,7 @@ fn environment(
         ("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor"),
         (
             "AIRFLOW__CORE__DAGS_FOLDER",
-            &tests.join("dags").display().to_string(),
+            &dags.folder().display().to_string(),
         ),
         ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", &sql),
         ("AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE", "airflow"),
@@ -360,7 +619,13 @@ fn environment(
         ("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "1"),
         ("AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL", "5"),
         ("AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL", "5"),
+        // A stopped scheduler counts as dead after 10 s, and adoption is checked every 5 s
+        // (defaults 30 s and 300 s), so the stories play out in a minute.
+        ("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "10"),
+        ("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "5"),
+        ("PODSTREAM_LONG_TASK_SECONDS", "50"),
         ("PODSTREAM_MARKERS", &markers.display().to_string()),
+        ("PYTHONPATH", &tests.join("lib").display().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

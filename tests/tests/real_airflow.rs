@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use podstream_tests::airflow::Airflow;
-use podstream_tests::real_airflow::{RealAirflow, TiRow};
+use podstream_tests::real_airflow::{Dags, RealAirflow, TiRow};
 
 const DAG: &str = "podstream_checks";
 
@@ -20,7 +20,7 @@ fn ti(task_id: &str, state: &str, try_number: i64) -> TiRow {
 }
 
 fn runs_the_dags(airflow: Airflow) {
-    let real = RealAirflow::start(airflow);
+    let real = RealAirflow::start(airflow, Dags::Checks);
     let state = real.wait_for_run(DAG, Duration::from_secs(240));
     let version = airflow.short();
     assert_eq!(
