@@ -10,8 +10,9 @@
 #                    linked as target/tools/bin/nats-server
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
 #                    tests start throwaway clusters with initdb/pg_ctl)
-#   Airflow          PyPI apache-airflow 2.10.5 and 3.1.8 in venvs, and their
-#                    migrated metadata DBs cached (scripts/airflow-db.sh)
+#   Airflow          PyPI apache-airflow 2.10.5 and 3.1.8 with their cncf.kubernetes
+#                    providers in venvs, and their migrated metadata DBs cached
+#                    (scripts/airflow-db.sh)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"

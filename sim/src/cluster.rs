@@ -11,7 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::kubelet::{self, status::State};
+use crate::kubelet;
 use crate::object::{self, Key, Stored, rfc3339};
 use crate::patch::{self, PatchType};
 use crate::resource::Resource;
@@ -99,24 +99,27 @@ pub enum Deletion {
     Pending(Arc<Stored>),
 }
 
-/// A container state to set through the control API.
+/// A container state, as `containerStatuses[].state` shows it: what the kubelet writes, and
+/// what the control API sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ContainerState {
-    /// `waiting` with a reason such as `ImagePullBackOff`.
+    /// `waiting` with a reason such as `ContainerCreating` or `ImagePullBackOff`.
     Waiting {
         /// The waiting reason.
         reason: String,
-        /// The waiting message.
+        /// Why, in words (may be empty).
         message: String,
     },
     /// `running` since now.
     Running,
     /// `terminated` with an exit code and reason.
     Terminated {
-        /// The exit code.
+        /// The exit code (128 + the signal's number for a signal).
         exit_code: i32,
-        /// The termination reason (`Completed`, `Error`, `OOMKilled`).
+        /// `Completed`, `Error`, `OOMKilled`, `ContainerCannotRun`.
         reason: String,
+        /// Why, in words (may be empty).
+        message: String,
     },
 }
 
@@ -600,7 +603,9 @@ impl Cluster {
         container: &str,
         state: ContainerState,
     ) -> Result<Value, ApiError> {
-        self.modify_pod(namespace, name, |pod| set_container(pod, container, &state))
+        self.modify_pod(namespace, name, |pod| {
+            kubelet::status::set_container(pod, container, &state);
+        })
     }
 
     /// Sets (`Some`) or removes (`None`) a label.
@@ -745,20 +750,4 @@ fn set_entry(pod: &mut Value, map: &str, key: &str, value: Option<&str>) {
             None => entries.remove(key),
         };
     }
-}
-
-fn set_container(pod: &mut Value, container: &str, state: &ContainerState) {
-    let state = match state {
-        ContainerState::Waiting { reason, message } => State::Waiting {
-            reason: reason.clone(),
-            message: message.clone(),
-        },
-        ContainerState::Running => State::Running,
-        ContainerState::Terminated { exit_code, reason } => State::Terminated {
-            exit_code: *exit_code,
-            reason: reason.clone(),
-            message: String::new(),
-        },
-    };
-    kubelet::status::set_container(pod, container, &state);
 }

@@ -341,6 +341,7 @@ async fn status_changes_only_through_the_status_subresource() {
             ContainerState::Terminated {
                 exit_code: 137,
                 reason: "OOMKilled".into(),
+                message: String::new(),
             },
         )
         .unwrap();

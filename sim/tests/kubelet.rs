@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, LogParams, PostParams};
+use podstream_sim::SimConfig;
 use podstream_sim::{Fault, Kubelet, KubeletConfig, Server};
 use serde_json::{Value, json};
-use support::{client, server};
+use support::{client, server, server_with};
 
 struct Node {
     sim: Server,
@@ -21,7 +22,10 @@ struct Node {
 }
 
 async fn node(max_pods: Option<usize>) -> Node {
-    let sim = server().await;
+    node_with(max_pods, server().await).await
+}
+
+async fn node_with(max_pods: Option<usize>, sim: Server) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::start(
         sim.cluster().clone(),
@@ -292,4 +296,24 @@ async fn a_full_node_leaves_pods_pending_until_room_frees() {
         .unwrap();
     let second = until(&node, "second", |p| phase(p) == "Succeeded").await;
     assert_eq!(second["spec"]["nodeName"], "podstream-sim-node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_behind_the_retained_history_still_runs_every_pod() {
+    // Two changes of history: the kubelet's own status writes push it past its place, so it
+    // reads 410 and must start again from the pods as they are.
+    let sim = server_with(SimConfig {
+        retain_events: 2,
+        namespaces: vec!["airflow".into()],
+        ..SimConfig::default()
+    })
+    .await;
+    let node = node_with(None, sim).await;
+    let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    for name in &names {
+        create(&node, pod(name, shell("exit 0"))).await;
+    }
+    for name in &names {
+        until(&node, name, |p| phase(p) == "Succeeded").await;
+    }
 }

@@ -194,7 +194,7 @@ async fn the_providers_job_watcher_gets_the_kubelets_outcomes() {
         let pods = serde_json::json!({
             "apiVersion": "v1",
             "kind": "List",
-            "items": [worker_pod("fails", "exit 1"), worker_pod("succeeds", "exit 0")],
+            "items": [worker_pod("fails", "echo about to fail; exit 1"), worker_pod("succeeds", "exit 0")],
         });
         std::fs::write(&file, pods.to_string()).unwrap();
         let (ok, _, stderr) = kubectl(&node.kubeconfig, &["create", "-f", file.to_str().unwrap()]);
@@ -206,6 +206,9 @@ async fn the_providers_job_watcher_gets_the_kubelets_outcomes() {
             Value::Null,
             "Airflow {version}"
         );
+        let (ok, log, stderr) = kubectl(&node.kubeconfig, &["logs", "-n", "airflow", "fails"]);
+        assert!(ok, "{stderr}");
+        assert_eq!(log, "about to fail\n");
 
         // A relabel away from scheduler 7 leaves its selector without a deletionTimestamp.
         let cluster = node.server.cluster();

@@ -51,6 +51,10 @@ fn runs_the_dags(airflow: Airflow) {
     );
     // delete_worker_pods: every worker pod goes once the executor has its result.
     let left = real.wait_for_pods(Duration::from_secs(60), <[_]>::is_empty);
+    println!(
+        "=== stock Airflow {version} (a normal run): run {state}\n{}",
+        real.timeline()
+    );
     let names: Vec<_> = left.iter().map(|p| p["metadata"]["name"].clone()).collect();
     assert!(
         names.is_empty(),

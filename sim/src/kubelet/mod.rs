@@ -28,14 +28,13 @@ use tokio::time::Instant;
 
 pub use plan::{FAULT_AFTER_ANNOTATION, FAULT_ANNOTATION, Fault, Node};
 
-use crate::cluster::{Cluster, DeleteOptions};
+use crate::cluster::{Cluster, ContainerState, DeleteOptions};
 use crate::object::Key;
 use crate::resource::Resource;
 use crate::selector::Filter;
 use crate::status::ApiError;
 use crate::store::Change;
 use plan::{Launch, Refusal};
-use status::State;
 
 /// The node name the kubelet binds pods to.
 pub const NODE_NAME: &str = "podstream-sim-node";
@@ -194,29 +193,13 @@ async fn follow(node: Arc<Host>, max_pods: Option<usize>, pods: Registry) {
         started: HashSet::new(),
         waiting: VecDeque::new(),
     };
-    let (current, mut rv) = cluster.current(Resource::Pods, &Filter::default());
-    for stored in current {
-        if let Ok(pod) = stored.value() {
-            observe(
-                &node,
-                &pods,
-                &finished_tx,
-                &mut admission,
-                Change::Added,
-                &pod,
-            );
-        }
-    }
+    let mut rv = resync(&node, &pods, &finished_tx, &mut admission);
     loop {
         loop {
-            let events = match cluster.events_after(rv, 1024) {
-                Ok(events) => events,
-                Err(_) => {
-                    // History compacted under us: carry on from now (pods already known keep
-                    // their tasks; their deletes still reach them as the pod's last changes).
-                    rv = cluster.resource_version();
-                    break;
-                }
+            let Ok(events) = cluster.events_after(rv, 1024) else {
+                // History compacted under us (410): start again from the pods as they are.
+                rv = resync(&node, &pods, &finished_tx, &mut admission);
+                continue;
             };
             let Some(last) = events.last() else { break };
             rv = last.rv;
@@ -252,6 +235,38 @@ async fn follow(node: Arc<Host>, max_pods: Option<usize>, pods: Registry) {
             }
         }
     }
+}
+
+/// Takes the pods as they are now: new ones start, ones that are gone are killed. Returns the
+/// revision they were read at.
+fn resync(
+    node: &Arc<Host>,
+    pods: &Registry,
+    finished: &mpsc::UnboundedSender<PodId>,
+    admission: &mut Admission,
+) -> u64 {
+    let (current, rv) = node.cluster.current(Resource::Pods, &Filter::default());
+    let mut present = HashSet::new();
+    for stored in current {
+        if let Ok(pod) = stored.value() {
+            present.insert(id_of(&pod));
+            let change = if pod["metadata"]["deletionTimestamp"].is_string() {
+                Change::Modified
+            } else {
+                Change::Added
+            };
+            observe(node, pods, finished, admission, change, &pod);
+        }
+    }
+    let registry = pods.lock().unwrap_or_else(PoisonError::into_inner);
+    for (id, running) in registry.iter() {
+        if !present.contains(id) {
+            let _ = running.orders.send(Order::Kill);
+        }
+    }
+    drop(registry);
+    admission.waiting.retain(|id| present.contains(id));
+    rv
 }
 
 fn observe(
@@ -300,7 +315,11 @@ fn observe(
                 .as_str()
                 .is_none_or(|p| p == "Pending");
             let unbound = pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
-            if !pending || !unbound || admission.started.contains(&id) {
+            if !pending
+                || !unbound
+                || admission.started.contains(&id)
+                || admission.waiting.contains(&id)
+            {
                 return;
             }
             if admission.has_room() {
@@ -396,7 +415,7 @@ async fn run_pod(
         }
         Err(Refusal::Config(message)) => {
             tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container config error");
-            let state = State::Waiting {
+            let state = ContainerState::Waiting {
                 reason: "CreateContainerConfigError".into(),
                 message,
             };
@@ -407,7 +426,7 @@ async fn run_pod(
     };
     if matches!(launch.fault, Some((Fault::ImagePull, _))) {
         for reason in ["ErrImagePull", "ImagePullBackOff"] {
-            let state = State::Waiting {
+            let state = ContainerState::Waiting {
                 reason: reason.into(),
                 message: "podstream simulator fault: image-pull".into(),
             };

@@ -4,30 +4,8 @@
 use serde_json::{Value, json};
 
 use super::plan::Node;
+use crate::cluster::ContainerState;
 use crate::object::now_rfc3339;
-
-/// A container state, as it appears under `containerStatuses[].state`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    /// `waiting` with a reason and message.
-    Waiting {
-        /// `ContainerCreating`, `ErrImagePull`, `CreateContainerConfigError`, ...
-        reason: String,
-        /// Why, in words.
-        message: String,
-    },
-    /// `running` since now.
-    Running,
-    /// `terminated` with an exit code.
-    Terminated {
-        /// The exit code (128 + signal for a signal).
-        exit_code: i32,
-        /// `Completed`, `Error`, `OOMKilled`, `ContainerCannotRun`.
-        reason: String,
-        /// Why, in words (may be empty).
-        message: String,
-    },
-}
 
 /// The pod is bound to `node` and its containers are being created.
 pub fn scheduled(pod: &mut Value, node: &Node, container: &str) {
@@ -47,7 +25,7 @@ pub fn scheduled(pod: &mut Value, node: &Node, container: &str) {
     set_container(
         pod,
         container,
-        &State::Waiting {
+        &ContainerState::Waiting {
             reason: "ContainerCreating".into(),
             message: String::new(),
         },
@@ -74,7 +52,7 @@ pub fn running(pod: &mut Value, node: &Node, container: &str) {
     status["podIP"] = json!(node.ip);
     status["podIPs"] = json!([{ "ip": node.ip }]);
     set_conditions(pod, true, &now);
-    set_container(pod, container, &State::Running);
+    set_container(pod, container, &ContainerState::Running);
 }
 
 /// The container ended: `Succeeded` on exit code 0, else `Failed`.
@@ -89,7 +67,7 @@ pub fn terminated(pod: &mut Value, container: &str, exit_code: i32, reason: &str
     set_container(
         pod,
         container,
-        &State::Terminated {
+        &ContainerState::Terminated {
             exit_code,
             reason: reason.to_owned(),
             message: message.to_owned(),
@@ -107,7 +85,7 @@ pub fn evicted(pod: &mut Value, container: &str) {
 
 /// One container's state; the entry is created if missing (in `initContainerStatuses` for an
 /// init container). `startedAt` of a running container is kept when it terminates.
-pub fn set_container(pod: &mut Value, container: &str, state: &State) {
+pub fn set_container(pod: &mut Value, container: &str, state: &ContainerState) {
     let is_init = pod["spec"]["initContainers"]
         .as_array()
         .is_some_and(|list| list.iter().any(|c| c["name"] == container));
@@ -153,15 +131,15 @@ pub fn set_container(pod: &mut Value, container: &str, state: &State) {
     let started_at = entry["state"]["running"]["startedAt"].clone();
     let now = now_rfc3339();
     let (state_json, ready) = match state {
-        State::Waiting { reason, message } => {
+        ContainerState::Waiting { reason, message } => {
             let mut waiting = json!({ "reason": reason });
             if !message.is_empty() {
                 waiting["message"] = json!(message);
             }
             (json!({ "waiting": waiting }), false)
         }
-        State::Running => (json!({ "running": { "startedAt": now } }), true),
-        State::Terminated {
+        ContainerState::Running => (json!({ "running": { "startedAt": now } }), true),
+        ContainerState::Terminated {
             exit_code,
             reason,
             message,
