@@ -1,9 +1,9 @@
 //! `podstream demo`: the newcomer's first run. Everything embedded: the Kubernetes simulator,
 //! a local `nats-server`, a copy of an Airflow 2.10 SQLite DB made by `airflow db migrate`, and
 //! the pipeline in process. It plays the three seed stories plus a real failure and a success,
-//! then reports, per task, its pods, podstream's commands and the TI row, next to what a
-//! label-scoped Airflow watcher would have done. Exit 0 only if every story ended as
-//! semantics.md says.
+//! then reports, per task, its pods, podstream's commands and the TI row, next to what
+//! Airflow's own label-scoped watcher reports for the same events (run from each installed
+//! Airflow venv, see `demo_watcher.rs`). Exit 0 only if every story ended as semantics.md says.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,6 +24,7 @@ use podstream_sink::seed::{SeedTi, TiRow};
 use podstream_sink::service::SinkConfig;
 use prost::Message as _;
 
+use crate::demo_watcher::{self, WatcherReport};
 use crate::pipeline::{Pipeline, PipelineConfig};
 
 const DAG: &str = "podstream_demo";
@@ -40,6 +41,10 @@ pub struct DemoArgs {
     /// modified); by default the one scripts/setup.sh caches in target/airflow-db.
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_DB")]
     pub airflow_db: Option<PathBuf>,
+    /// Airflow venvs whose cncf.kubernetes provider's watcher is run over the stories' events
+    /// (comma-separated); by default the ones scripts/setup.sh installs in target/tools.
+    #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VENVS", value_delimiter = ',')]
+    pub airflow_venv: Vec<PathBuf>,
     /// Seconds to wait for every story to settle.
     #[arg(long, env = "PODSTREAM_DEMO_TIMEOUT_SECONDS", default_value_t = 60)]
     pub timeout_seconds: u64,
@@ -52,8 +57,8 @@ struct Story {
     max_tries: i64,
     /// What happens to the pods, in words.
     pods: &'static str,
-    /// What a watcher scoped by `airflow-worker=<its id>` does (the seeds' behaviour).
-    label_watcher: &'static str,
+    /// Where stock Airflow's outcome is decided beyond its watcher, when it is.
+    scheduler_note: Option<&'static str>,
     /// The TI state and `queued_by_job_id` semantics.md asks for.
     expected: (&'static str, i64),
     /// The kinds of the commands podstream must decide, in order.
@@ -66,7 +71,7 @@ const STORIES: &[Story] = &[
         task_id: "adopted",
         max_tries: 1,
         pods: "pod Running under scheduler 1; scheduler 2 adopts it: label airflow-worker 1→2",
-        label_watcher: "scheduler 1's watch sees DELETED as the pod leaves its selector and fails a live task",
+        scheduler_note: None,
         expected: ("running", 2),
         decisions: &["running", "transfer"],
     },
@@ -75,7 +80,9 @@ const STORIES: &[Story] = &[
         task_id: "survivor",
         max_tries: 1,
         pods: "pod Running under scheduler 1; it restarts as job 3 and adopts: label 1→3; the pod succeeds",
-        label_watcher: "the restarted scheduler never saw the pod under its own label and resets the running TI as orphaned",
+        scheduler_note: Some(
+            "the watcher is not where this goes wrong: the stock scheduler adopts the pod by relabelling it after a restart, and resets the running TI only when its executor routing no longer matches the TI's queue (docs/stock-airflow.md, story c)",
+        ),
         expected: ("running", 3),
         decisions: &["running", "transfer", "completed"],
     },
@@ -84,7 +91,9 @@ const STORIES: &[Story] = &[
         task_id: "twins",
         max_tries: 1,
         pods: "older pod Running; a newer pod for the same TI starts, then fails",
-        label_watcher: "the newer pod's failure fails the TI, or reattaching raises on two matching pods",
+        scheduler_note: Some(
+            "the watcher reports the newer pod's failure for the TI; Airflow 2.x's scheduler ignores it for a running task, Airflow 3.x's fails the live try and retries it (docs/stock-airflow.md, story d)",
+        ),
         expected: ("running", 1),
         decisions: &["running", "duplicate"],
     },
@@ -93,7 +102,7 @@ const STORIES: &[Story] = &[
         task_id: "broken",
         max_tries: 1,
         pods: "pod Running; deleted with a grace period (deletionTimestamp, then DELETED)",
-        label_watcher: "fails the try too: here both agree",
+        scheduler_note: None,
         expected: ("up_for_retry", 1),
         decisions: &["running", "fail"],
     },
@@ -102,7 +111,7 @@ const STORIES: &[Story] = &[
         task_id: "fine",
         max_tries: 1,
         pods: "pod Running, then Succeeded",
-        label_watcher: "nothing to do: the task runner records success itself",
+        scheduler_note: None,
         expected: ("running", 1),
         decisions: &["running", "completed"],
     },
@@ -196,8 +205,36 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     };
     let _ = stop.send(());
     running.await.context("the pipeline panicked")??;
+    let watchers = airflow_watchers(args, sim.cluster()).await;
     sim.shutdown().await;
-    Ok(report(&rows, &commands))
+    Ok(report(&rows, &commands, &watchers))
+}
+
+/// What each Airflow venv's own watcher reported, or why it could not be asked.
+async fn airflow_watchers(
+    args: &DemoArgs,
+    cluster: &Cluster,
+) -> Vec<Result<WatcherReport, String>> {
+    let venvs = if args.airflow_venv.is_empty() {
+        demo_watcher::installed_venvs()
+    } else {
+        args.airflow_venv.clone()
+    };
+    if venvs.is_empty() {
+        return vec![Err(
+            "no Airflow venv found (scripts/setup.sh installs them; or --airflow-venv DIR)".into(),
+        )];
+    }
+    let lines = match demo_watcher::watch_lines(cluster) {
+        Ok(lines) => lines,
+        Err(error) => return vec![Err(format!("{error:#}"))],
+    };
+    let runs = venvs.iter().map(|venv| demo_watcher::report(venv, &lines));
+    futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.map_err(|e| format!("{e:#}")))
+        .collect()
 }
 
 fn config(nats_url: &str) -> PipelineConfig {
@@ -371,7 +408,11 @@ fn describe(command: &Command) -> String {
 }
 
 /// Prints the report; true when every story ended right.
-fn report(rows: &BTreeMap<&'static str, TiRow>, commands: &[Command]) -> bool {
+fn report(
+    rows: &BTreeMap<&'static str, TiRow>,
+    commands: &[Command],
+    watchers: &[Result<WatcherReport, String>],
+) -> bool {
     let mut all = true;
     println!(
         "podstream demo: {} stories, DAG {DAG}, run {RUN}\n",
@@ -399,7 +440,16 @@ fn report(rows: &BTreeMap<&'static str, TiRow>, commands: &[Command]) -> bool {
             story.expected.1,
             story.decisions.join(", ")
         );
-        println!("   label watcher: {}\n", story.label_watcher);
+        for watcher in watchers {
+            match watcher {
+                Ok(report) => println!("   label watcher: {}", report.line(story.task_id)),
+                Err(why) => println!("   label watcher: not checked: {why}"),
+            }
+        }
+        if let Some(note) = story.scheduler_note {
+            println!("   scheduler:     {note}");
+        }
+        println!();
     }
     println!(
         "{}",

@@ -4,6 +4,7 @@ mod apply;
 mod db_args;
 mod decide;
 mod demo;
+mod demo_watcher;
 mod ingest;
 mod json_stream;
 mod kube_args;

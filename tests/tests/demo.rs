@@ -36,6 +36,65 @@ fn demo_plays_every_story_and_exits_0() {
         "{stdout}"
     );
     assert!(!stdout.contains("WRONG"), "{stdout}");
+    // The label-watcher lines are what the installed providers' own watcher reported for the
+    // events each story produced, for every Airflow that scripts/setup.sh installs.
+    for (airflow, provider) in [("2.10.5", "10.10.0"), ("3.1.8", "10.25.0")] {
+        let said = |story: usize| -> String {
+            let prefix =
+                format!("   label watcher: Airflow {airflow} (cncf.kubernetes {provider}): ");
+            story_block(&stdout, story)
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_owned))
+                .unwrap_or_else(|| {
+                    panic!("story {story}: no line from Airflow {airflow}\n{stdout}")
+                })
+        };
+        // A relabel is an adoption to current providers: nothing is failed.
+        assert_eq!(
+            said(1),
+            "scheduler 1: adopted (adopted-1); scheduler 2: nothing"
+        );
+        assert_eq!(
+            said(2),
+            "scheduler 1: adopted (survivor-1); scheduler 3: completed (survivor-1)"
+        );
+        // The loser's failure is reported for the TI.
+        assert_eq!(said(3), "scheduler 1: failed (twins-2)");
+        assert_eq!(said(4), "scheduler 1: failed (broken-1)");
+        assert_eq!(said(5), "scheduler 1: completed (fine-1)");
+    }
+    assert!(!stdout.contains("not checked"), "{stdout}");
+}
+
+/// The report's lines for story `n` (from `n. ` to the next blank line).
+fn story_block(stdout: &str, n: usize) -> String {
+    let start = format!("{n}. ");
+    stdout
+        .split("\n\n")
+        .find(|block| block.trim_start().starts_with(&start))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn demo_without_airflow_says_the_watcher_was_not_checked() {
+    let output = Command::new(podstream_binary())
+        .args(["demo", "--airflow-venv", "/nonexistent/venv"])
+        .env("PODSTREAM_NATS_SERVER", nats_server_binary())
+        .env(
+            "PODSTREAM_DEMO_AIRFLOW_DB",
+            workspace_root().join("target/airflow-db/airflow-2.10.sqlite"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert_eq!(
+        stdout.matches("   label watcher: not checked: ").count(),
+        5,
+        "{stdout}"
+    );
+    assert!(stdout.contains("/nonexistent/venv"), "{stdout}");
 }
 
 #[test]
