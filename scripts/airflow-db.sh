@@ -3,34 +3,44 @@
 # under target/airflow-db/ (the tests copy or restore them):
 #   airflow-<v>.sqlite     `airflow db migrate` on a SQLite file
 #   airflow-<v>.pg.sql     `airflow db migrate` on PostgreSQL, then pg_dump
-# for v in 2.10 (apache-airflow==2.10.5) and 3.1 (apache-airflow==3.1.8), each in its own
-# venv under target/tools/airflow-<v> with the cncf.kubernetes provider that pip resolves as
-# the newest for that release (pinned here), so the executor and its Python Kubernetes client
-# are there for the tests. Called by scripts/setup.sh.
+# for each release line <v> of sink/airflow-versions.tsv (the one list of supported releases),
+# each in its own venv under target/tools/airflow-<v> with the cncf.kubernetes provider the
+# list pins, so the executor and its Python Kubernetes client are there for the tests.
+# Called by scripts/setup.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
 out="$root/target/airflow-db"
 mkdir -p "$out"
 
-declare -A airflow_release=([2.10]="2.10.5" [3.1]="3.1.8")
-declare -A kubernetes_provider=([2.10]="10.10.0" [3.1]="10.25.0")
+declare -A airflow_release=()
+declare -A kubernetes_provider=()
+lines=()
+while IFS=$'\t' read -r line release provider _head; do
+    case "$line" in ''|'#'*) continue ;; esac
+    lines+=("$line")
+    airflow_release[$line]="$release"
+    kubernetes_provider[$line]="$provider"
+done <"$root/sink/airflow-versions.tsv"
 
 pg_bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
 as_postgres() {
     if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-for v in 2.10 3.1; do
+installed() { "$1/bin/python" -c "from importlib.metadata import version; print(version('$2'))" 2>/dev/null || true; }
+
+for v in "${lines[@]}"; do
     venv="$tools/airflow-$v"
     provider="apache-airflow-providers-cncf-kubernetes==${kubernetes_provider[$v]}"
     # psycopg2 for Airflow's PostgreSQL engine; asyncpg for Airflow 3's async one.
-    if [ ! -x "$venv/bin/airflow" ] || ! "$venv/bin/python" -c "import psycopg2, asyncpg" 2>/dev/null; then
+    if [ ! -x "$venv/bin/airflow" ] || ! "$venv/bin/python" -c "import psycopg2, asyncpg" 2>/dev/null \
+        || [ "$(installed "$venv" apache-airflow)" != "${airflow_release[$v]}" ]; then
         echo "setup: installing apache-airflow==${airflow_release[$v]} into $venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" "$provider" psycopg2-binary asyncpg
     fi
-    if [ "$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-providers-cncf-kubernetes"))' 2>/dev/null)" != "${kubernetes_provider[$v]}" ]; then
+    if [ "$(installed "$venv" apache-airflow-providers-cncf-kubernetes)" != "${kubernetes_provider[$v]}" ]; then
         echo "setup: installing $provider into $venv"
         "$venv/bin/pip" install -q --disable-pip-version-check "apache-airflow==${airflow_release[$v]}" "$provider"
     fi

@@ -1,11 +1,13 @@
-//! The metadata database: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1,
-//! and podstream's own tables.
+//! The metadata database: connecting (PostgreSQL or SQLite), telling which Airflow made it
+//! (`crate::airflow`), and podstream's own tables.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row};
+
+use crate::airflow::{self, AirflowRelease, AirflowSchema};
 
 /// Which SQL dialect the database speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,26 +18,6 @@ pub enum Backend {
     Sqlite,
 }
 
-/// The Airflow schema found in the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AirflowVersion {
-    /// Airflow 2.10 (`alembic_version` 5f2621c13b39).
-    V2_10,
-    /// Airflow 3.1 (`alembic_version` 509b94a1042d).
-    V3_1,
-}
-
-impl AirflowVersion {
-    /// The version for an alembic revision podstream knows.
-    pub fn from_alembic(revision: &str) -> Option<AirflowVersion> {
-        match revision {
-            "5f2621c13b39" => Some(AirflowVersion::V2_10),
-            "509b94a1042d" => Some(AirflowVersion::V3_1),
-            _ => None,
-        }
-    }
-}
-
 /// Why the database cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -44,9 +26,11 @@ pub enum DbError {
         "unsupported database URL scheme in {0} (use postgres://user@host:port/db or sqlite:///abs/path.db)"
     )]
     Scheme(String),
-    /// `alembic_version` holds a revision podstream does not know.
+    /// `alembic_version` holds a revision no supported release has, and the tables lack a
+    /// column the sink needs.
     #[error(
-        "unknown Airflow schema: alembic_version is {0:?} (podstream knows 2.10 = 5f2621c13b39 and 3.1 = 509b94a1042d)"
+        "unknown Airflow schema: alembic_version is {0:?}, not a supported release's ({known}), and its task_instance or log table lacks a column the sink writes",
+        known = crate::airflow::known_revisions()
     )]
     UnknownSchema(String),
     /// The database has no `alembic_version`: not an Airflow metadata database.
@@ -64,10 +48,33 @@ pub struct Database {
     pub pool: AnyPool,
     /// Its dialect.
     pub backend: Backend,
-    /// Its Airflow schema.
-    pub airflow: AirflowVersion,
+    /// Its Airflow schema family.
+    pub airflow: AirflowSchema,
+    /// The supported release that made it, when its alembic revision names one.
+    pub release: Option<&'static AirflowRelease>,
     /// The statements, in its dialect.
     pub sql: std::sync::Arc<crate::apply::Statements>,
+}
+
+/// A table's column names.
+async fn table_columns(
+    pool: &AnyPool,
+    backend: Backend,
+    table: &'static str,
+) -> anyhow::Result<Vec<String>> {
+    let query = match backend {
+        Backend::Postgres => format!(
+            "SELECT CAST(column_name AS TEXT) FROM information_schema.columns WHERE table_name = '{table}' AND table_schema = current_schema()"
+        ),
+        Backend::Sqlite => format!("SELECT name FROM pragma_table_info('{table}')"),
+    };
+    let rows = sqlx::query(&query)
+        .fetch_all(pool)
+        .await
+        .with_context(|| format!("reading the columns of {table}"))?;
+    rows.iter()
+        .map(|row| row.try_get::<String, _>(0).context("reading a column name"))
+        .collect()
 }
 
 /// The URL with any password replaced, for logs and errors.
@@ -174,16 +181,32 @@ impl Database {
             Ok(row) => row.try_get(0).context("reading alembic_version")?,
             Err(error) => return Err(DbError::NotAirflow(error.to_string()).into()),
         };
-        let airflow =
-            AirflowVersion::from_alembic(&revision).ok_or(DbError::UnknownSchema(revision))?;
+        let release = airflow::release_for(&revision);
+        let airflow = match release {
+            Some(release) => release.schema(),
+            None => {
+                let columns = |table: &'static str| table_columns(&pool, backend, table);
+                let (task_instance, log) = (columns("task_instance").await?, columns("log").await?);
+                let schema = airflow::schema_from_columns(&task_instance, &log)
+                    .ok_or_else(|| DbError::UnknownSchema(revision.clone()))?;
+                tracing::warn!(
+                    revision,
+                    ?schema,
+                    known = %airflow::known_revisions(),
+                    "alembic revision of no supported Airflow release; its tables have every column the sink writes, so going on"
+                );
+                schema
+            }
+        };
         let database = Database {
             pool,
             backend,
             airflow,
+            release,
             sql: std::sync::Arc::new(crate::apply::Statements::new(backend)),
         };
         database.create_tables().await?;
-        tracing::info!(db = %redacted(&url), ?backend, ?airflow, "metadata database ready");
+        tracing::info!(db = %redacted(&url), ?backend, ?airflow, release = release.map(|r| r.release), "metadata database ready");
         Ok(database)
     }
 

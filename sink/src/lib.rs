@@ -12,6 +12,7 @@
 //! - [`summary`]: counts of what happened, in the one line `podstream apply` prints.
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
 
+pub mod airflow;
 pub mod apply;
 mod batch;
 pub mod db;

@@ -5,8 +5,9 @@ use anyhow::Context as _;
 use podstream_proto::TaskKey;
 use sqlx::Row;
 
+use crate::airflow::AirflowSchema;
 use crate::apply::sql;
-use crate::db::{AirflowVersion, Backend, Database};
+use crate::db::{Backend, Database};
 
 /// A task instance to seed.
 #[derive(Debug, Clone)]
@@ -50,7 +51,7 @@ pub struct TiRow {
 /// SQL inserting a running DAG run and its task instances (queued by job 1), in the dialect
 /// and schema of `airflow` on `backend`.
 pub fn statements(
-    airflow: AirflowVersion,
+    airflow: AirflowSchema,
     backend: Backend,
     dag_id: &str,
     run_id: &str,
@@ -61,21 +62,21 @@ pub fn statements(
         Backend::Sqlite => "'2026-11-30 10:00:00.000000'",
     };
     let mut statements = vec![match airflow {
-        AirflowVersion::V2_10 => format!(
+        AirflowSchema::V2 => format!(
             "INSERT INTO dag_run (dag_id, execution_date, run_id, run_type, state, clear_number) VALUES ('{dag_id}', {ts}, '{run_id}', 'manual', 'running', 0)"
         ),
-        AirflowVersion::V3_1 => format!(
+        AirflowSchema::V3 => format!(
             "INSERT INTO dag_run (dag_id, logical_date, run_after, run_id, run_type, state, clear_number, span_status) VALUES ('{dag_id}', {ts}, {ts}, '{run_id}', 'manual', 'running', 0, 'not_started')"
         ),
     }];
     for (n, ti) in tis.iter().enumerate() {
         let state = ti.state.map_or("NULL".to_owned(), |s| format!("'{s}'"));
         statements.push(match airflow {
-            AirflowVersion::V2_10 => format!(
+            AirflowSchema::V2 => format!(
                 "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id) VALUES ('{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1)",
                 ti.task_id, ti.map_index, ti.try_number, ti.max_tries
             ),
-            AirflowVersion::V3_1 => format!(
+            AirflowSchema::V3 => format!(
                 "INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id, span_status) VALUES ('0196b3a0-0000-7000-8000-{n:012}', '{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1, 'not_started')",
                 ti.task_id, ti.map_index, ti.try_number, ti.max_tries
             ),

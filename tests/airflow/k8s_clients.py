@@ -73,6 +73,11 @@ def client(kubeconfig: str, namespace: str) -> None:
     print(json.dumps({"listed": listed, "events": seen}))
 
 
+def report(line: str) -> None:
+    sys.stdout.write(f"podstream-check: {line}\n")
+    sys.stdout.flush()
+
+
 def watcher(kubeconfig: str, namespace: str, scheduler_id: str, seconds: float) -> None:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import (
         KubernetesJobWatcher,
@@ -90,8 +95,9 @@ def watcher(kubeconfig: str, namespace: str, scheduler_id: str, seconds: float) 
             job_watcher._run(kube_client, None, scheduler_id, kube_config)
 
     threading.Thread(target=run, daemon=True).start()
-    # Airflow 3 logs to stdout too: the lines meant for the test carry a prefix.
-    print("podstream-check: watching", flush=True)
+    # Airflow logs to stdout too, from other threads: the lines meant for the test carry a
+    # prefix and are written whole, in one call each.
+    report("watching")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -99,8 +105,7 @@ def watcher(kubeconfig: str, namespace: str, scheduler_id: str, seconds: float) 
         except queue.Empty:
             continue
         pod_name, pod_namespace, state = item[0], item[1], item[2]
-        result = {"pod": pod_name, "namespace": pod_namespace, "state": state}
-        print("podstream-check:", json.dumps(result), flush=True)
+        report(json.dumps({"pod": pod_name, "namespace": pod_namespace, "state": state}))
 
 
 if __name__ == "__main__":

@@ -204,7 +204,7 @@ fn main() {
         println!("raw JetStream publish limit: {raw:>9.0} msgs/s ({raw_n} messages of {size} bytes, window {WINDOW})");
 
         let pg = PgCluster::start();
-        let target = AirflowDb::postgres(Airflow::V2_10, &pg, "bench");
+        let target = AirflowDb::postgres(Airflow::line("2.10"), &pg, "bench");
         let db = Database::connect(&target.url).await.unwrap();
         let mut phases: Vec<(String, usize)> = paced
             .iter()

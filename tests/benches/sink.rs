@@ -132,11 +132,17 @@ fn main() {
         let pg = PgCluster::start();
         measure(
             "PostgreSQL",
-            AirflowDb::postgres(Airflow::V2_10, &pg, "bench"),
+            AirflowDb::postgres(Airflow::line("2.10"), &pg, "bench"),
             batched,
             single,
         )
         .await;
-        measure("SQLite", AirflowDb::sqlite(Airflow::V2_10), batched, single).await;
+        measure(
+            "SQLite",
+            AirflowDb::sqlite(Airflow::line("2.10")),
+            batched,
+            single,
+        )
+        .await;
     });
 }

@@ -4,23 +4,42 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use podstream_sink::db::{AirflowVersion, Backend};
+use podstream_sink::airflow::{self as releases, AirflowRelease, AirflowSchema};
+use podstream_sink::db::Backend;
 
 use crate::postgres::PgCluster;
 use crate::workspace_root;
 
-/// An Airflow release the sink supports.
+/// An Airflow release the sink supports (`sink/airflow-versions.tsv`), as the tests use it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Airflow {
-    /// apache-airflow 2.10.5.
-    V2_10,
-    /// apache-airflow 3.1.8.
-    V3_1,
-}
+pub struct Airflow(pub &'static AirflowRelease);
 
 impl Airflow {
-    /// Every release the tests run against.
-    pub const ALL: [Airflow; 2] = [Airflow::V2_10, Airflow::V3_1];
+    /// Every supported release, oldest first.
+    pub fn all() -> Vec<Airflow> {
+        releases::supported().iter().map(Airflow).collect()
+    }
+
+    /// The supported release of a line (`2.10`).
+    ///
+    /// # Panics
+    /// When the list has no such line.
+    pub fn line(line: &str) -> Airflow {
+        Airflow::all()
+            .into_iter()
+            .find(|a| a.0.line == line)
+            .unwrap_or_else(|| panic!("sink/airflow-versions.tsv has no line {line}"))
+    }
+
+    /// The oldest supported release.
+    pub fn oldest() -> Airflow {
+        Airflow::all()[0]
+    }
+
+    /// The newest supported release.
+    pub fn newest() -> Airflow {
+        Airflow::all()[Airflow::all().len() - 1]
+    }
 
     /// The venv's Python with a scratch `AIRFLOW_HOME`, no example DAGs, and the venv first on
     /// `PATH` (so `airflow` is this release).
@@ -36,12 +55,9 @@ impl Airflow {
         command
     }
 
-    /// `2.10` or `3.1`.
+    /// The release line, `2.10`.
     pub fn short(self) -> &'static str {
-        match self {
-            Airflow::V2_10 => "2.10",
-            Airflow::V3_1 => "3.1",
-        }
+        self.0.line
     }
 
     /// The cached venv's `bin` directory.
@@ -51,7 +67,7 @@ impl Airflow {
 
     /// Whether this is an Airflow 3 release.
     pub fn is_3(self) -> bool {
-        matches!(self, Airflow::V3_1)
+        self.0.schema() == AirflowSchema::V3
     }
 
     /// The processes a running Airflow is made of, in start order.
@@ -130,10 +146,7 @@ impl AirflowDb {
 
     /// SQL inserting a DAG run and task instances, in this database's dialect and schema.
     pub fn seed_sql(&self, dag_id: &str, run_id: &str, tis: &[SeedTi<'_>]) -> Vec<String> {
-        let airflow = match self.airflow {
-            Airflow::V2_10 => AirflowVersion::V2_10,
-            Airflow::V3_1 => AirflowVersion::V3_1,
-        };
+        let airflow = self.airflow.0.schema();
         let backend = if self.is_postgres() {
             Backend::Postgres
         } else {

@@ -56,7 +56,7 @@ fn script() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_client_lists_watches_patches_and_deletes() {
-    for airflow in Airflow::ALL {
+    for airflow in Airflow::all() {
         let node = node().await;
         let kubeconfig = node.kubeconfig.clone();
         let home = node.dir.path().join(format!("home-{}", airflow.short()));
@@ -105,6 +105,7 @@ async fn the_official_python_client_lists_watches_patches_and_deletes() {
 struct JobWatcher {
     child: std::process::Child,
     log: PathBuf,
+    seen: std::cell::RefCell<Vec<Value>>,
     lines: mpsc::Receiver<Value>,
 }
 
@@ -130,9 +131,11 @@ impl JobWatcher {
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let Some(line) = line.strip_prefix("podstream-check: ") else {
+                let marker = "podstream-check: ";
+                let Some(at) = line.find(marker) else {
                     continue;
                 };
+                let line = &line[at + marker.len()..];
                 let value = if line == "watching" {
                     Value::Null
                 } else {
@@ -149,12 +152,17 @@ impl JobWatcher {
             child,
             lines,
             log: home.with_extension("watcher.log"),
+            seen: std::cell::RefCell::default(),
         }
     }
 
-    /// Results until `pod` has one, then that one.
+    /// The first result for `pod`, whenever it came (results for other pods are kept).
     fn result_for(&self, pod: &str) -> Value {
         loop {
+            let found = self.seen.borrow().iter().position(|r| r["pod"] == pod);
+            if let Some(at) = found {
+                return self.seen.borrow_mut().remove(at)["state"].clone();
+            }
             let line = self
                 .lines
                 .recv_timeout(Duration::from_secs(30))
@@ -162,9 +170,7 @@ impl JobWatcher {
                     let log = std::fs::read_to_string(&self.log).unwrap_or_default();
                     panic!("the watcher reported nothing for {pod}; its log:\n{log}")
                 });
-            if line["pod"] == pod {
-                return line["state"].clone();
-            }
+            self.seen.borrow_mut().push(line);
         }
     }
 }
@@ -186,7 +192,7 @@ fn worker_pod(name: &str, script: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_providers_job_watcher_gets_the_kubelets_outcomes() {
-    for airflow in Airflow::ALL {
+    for airflow in Airflow::all() {
         let node = node().await;
         let home = node.dir.path().join(format!("home-{}", airflow.short()));
         let watcher = JobWatcher::start(airflow, &node.kubeconfig, &home, "7");

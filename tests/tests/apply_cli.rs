@@ -64,7 +64,7 @@ fn apply(db: &AirflowDb, input: &str) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_twice_is_apply_once() {
-    let db = AirflowDb::sqlite(Airflow::V3_1);
+    let db = AirflowDb::sqlite(Airflow::line("3.1"));
     let seed = [
         SeedTi {
             task_id: "extract",

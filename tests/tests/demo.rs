@@ -38,7 +38,8 @@ fn demo_plays_every_story_and_exits_0() {
     assert!(!stdout.contains("WRONG"), "{stdout}");
     // The label-watcher lines are what the installed providers' own watcher reported for the
     // events each story produced, for every Airflow that scripts/setup.sh installs.
-    for (airflow, provider) in [("2.10.5", "10.10.0"), ("3.1.8", "10.25.0")] {
+    for release in podstream_sink::airflow::supported() {
+        let (airflow, provider) = (release.release, release.kubernetes_provider);
         let said = |story: usize| -> String {
             let prefix =
                 format!("   label watcher: Airflow {airflow} (cncf.kubernetes {provider}): ");

@@ -154,7 +154,7 @@ async fn run_plays_the_seed_stories_on_postgres() {
     let (sim, dir) = sim().await;
     let nats = NatsServer::start();
     let pg = PgCluster::start();
-    let target = AirflowDb::postgres(Airflow::V3_1, &pg, "pipeline");
+    let target = AirflowDb::postgres(Airflow::line("3.1"), &pg, "pipeline");
     let db = Database::connect(&target.url).await.unwrap();
     let tis: Vec<SeedTi<'_>> = ["adopted", "retried", "failed", "twins"]
         .iter()
@@ -230,7 +230,7 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     let (sim, dir) = sim().await;
     let kubeconfig = dir.path().join("kubeconfig");
     let nats = NatsServer::start();
-    let target = AirflowDb::sqlite(Airflow::V2_10);
+    let target = AirflowDb::sqlite(Airflow::line("2.10"));
     let db = Database::connect(&target.url).await.unwrap();
     let names: Vec<String> = (0..TASKS).map(|i| format!("t{i}")).collect();
     let tis: Vec<SeedTi<'_>> = names

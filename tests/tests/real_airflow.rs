@@ -64,11 +64,21 @@ fn runs_the_dags(airflow: Airflow) {
 }
 
 #[test]
-fn airflow_2_runs_the_dags_on_the_simulator() {
-    runs_the_dags(Airflow::V2_10);
+fn airflow_2_10_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::line("2.10"));
 }
 
 #[test]
-fn airflow_3_runs_the_dags_on_the_simulator() {
-    runs_the_dags(Airflow::V3_1);
+fn airflow_2_11_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::line("2.11"));
+}
+
+#[test]
+fn airflow_3_1_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::line("3.1"));
+}
+
+#[test]
+fn airflow_3_3_runs_the_dags_on_the_simulator() {
+    runs_the_dags(Airflow::line("3.3"));
 }

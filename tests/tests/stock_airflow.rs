@@ -128,31 +128,61 @@ fn duplicate(pod: &Value) -> Value {
 }
 
 #[test]
-fn stock_airflow_2_adoption() {
-    adoption(Airflow::V2_10);
+fn stock_airflow_2_10_adoption() {
+    adoption(Airflow::line("2.10"));
 }
 
 #[test]
-fn stock_airflow_3_adoption() {
-    adoption(Airflow::V3_1);
+fn stock_airflow_2_11_adoption() {
+    adoption(Airflow::line("2.11"));
 }
 
 #[test]
-fn stock_airflow_2_restart() {
-    restart(Airflow::V2_10);
+fn stock_airflow_3_1_adoption() {
+    adoption(Airflow::line("3.1"));
 }
 
 #[test]
-fn stock_airflow_3_restart() {
-    restart(Airflow::V3_1);
+fn stock_airflow_3_3_adoption() {
+    adoption(Airflow::line("3.3"));
 }
 
 #[test]
-fn stock_airflow_2_second_pod() {
-    second_pod(Airflow::V2_10);
+fn stock_airflow_2_10_restart() {
+    restart(Airflow::line("2.10"));
 }
 
 #[test]
-fn stock_airflow_3_second_pod() {
-    second_pod(Airflow::V3_1);
+fn stock_airflow_2_11_restart() {
+    restart(Airflow::line("2.11"));
+}
+
+#[test]
+fn stock_airflow_3_1_restart() {
+    restart(Airflow::line("3.1"));
+}
+
+#[test]
+fn stock_airflow_3_3_restart() {
+    restart(Airflow::line("3.3"));
+}
+
+#[test]
+fn stock_airflow_2_10_second_pod() {
+    second_pod(Airflow::line("2.10"));
+}
+
+#[test]
+fn stock_airflow_2_11_second_pod() {
+    second_pod(Airflow::line("2.11"));
+}
+
+#[test]
+fn stock_airflow_3_1_second_pod() {
+    second_pod(Airflow::line("3.1"));
+}
+
+#[test]
+fn stock_airflow_3_3_second_pod() {
+    second_pod(Airflow::line("3.3"));
 }
