@@ -8,17 +8,23 @@ use std::process::Command;
 use podstream_tests::nats::nats_server_binary;
 use podstream_tests::{podstream_binary, workspace_root};
 
-#[test]
-fn demo_plays_every_story_and_exits_0() {
-    let output = Command::new(podstream_binary())
+/// `podstream demo ARGS` on the cached Airflow 2.10 SQLite DB, run to its end.
+fn demo(args: &[&str]) -> std::process::Output {
+    Command::new(podstream_binary())
         .arg("demo")
+        .args(args)
         .env("PODSTREAM_NATS_SERVER", nats_server_binary())
         .env(
             "PODSTREAM_DEMO_AIRFLOW_DB",
             workspace_root().join("target/airflow-db/airflow-2.10.sqlite"),
         )
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn demo_plays_every_story_and_exits_0() {
+    let output = demo(&[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -79,15 +85,7 @@ fn story_block(stdout: &str, n: usize) -> String {
 
 #[test]
 fn demo_without_airflow_says_the_watcher_was_not_checked() {
-    let output = Command::new(podstream_binary())
-        .args(["demo", "--airflow-venv", "/nonexistent/venv"])
-        .env("PODSTREAM_NATS_SERVER", nats_server_binary())
-        .env(
-            "PODSTREAM_DEMO_AIRFLOW_DB",
-            workspace_root().join("target/airflow-db/airflow-2.10.sqlite"),
-        )
-        .output()
-        .unwrap();
+    let output = demo(&["--airflow-venv", "/nonexistent/venv"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     assert_eq!(

@@ -301,13 +301,7 @@ fn observe(
             } else if bound_here {
                 // Nothing runs for it (never started, waiting, or finished): it goes at once.
                 admission.waiting.retain(|w| *w != id);
-                let options = DeleteOptions {
-                    grace_period_seconds: Some(0),
-                    uid: Some(id.uid.clone()),
-                    ..DeleteOptions::default()
-                };
-                let key = Key::new(Resource::Pods, &id.namespace, &id.name);
-                let _ = node.cluster.delete(&key, &options);
+                remove(node, &id);
             }
         }
         Change::Added => {
