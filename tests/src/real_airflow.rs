@@ -453,25 +453,18 @@ impl RealAirflow {
     /// # Panics
     /// When it does not end within `timeout` (with the components' logs).
     pub fn wait_for_run(&self, dag_id: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let rows = self.query(&format!(
+        let ended = |real: &RealAirflow| {
+            real.query(&format!(
                 "SELECT state FROM dag_run WHERE dag_id = '{dag_id}' ORDER BY id LIMIT 1"
-            ));
-            self.sample();
-            if let Some(state) = rows.first().and_then(|r| r.first())
-                && (state == "success" || state == "failed")
-            {
-                return state.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the run of {dag_id} did not end in {timeout:?}; rows {rows:?}\n{}\n{}",
-                self.timeline(),
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+            ))
+            .into_iter()
+            .find_map(|row| row.into_iter().next())
+            .filter(|state| state == "success" || state == "failed")
+        };
+        self.wait_until(&format!("the run of {dag_id} to end"), timeout, |real| {
+            ended(real).is_some()
+        });
+        ended(self).unwrap_or_default()
     }
 
     /// The DAG's task instances, by task id.
