@@ -17,6 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".podstream.v1.TaskKey.logical_date",
             "#[serde(default, skip_serializing_if = \"String::is_empty\")]",
         )
+        .field_attribute(
+            ".podstream.v1.TaskKey.task_instance_id",
+            "#[serde(default, skip_serializing_if = \"String::is_empty\")]",
+        )
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -37,7 +37,9 @@ pub fn run(args: &ApplyArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let summary = runtime.block_on(async {
-        let db = Database::connect(&args.db.url()?).await?;
+        let db = Database::connect(&args.db.url()?)
+            .await?
+            .with_policy(args.db.policy());
         let mut summary = Summary::default();
         let mut batch = Vec::with_capacity(args.batch_size);
         for (number, line) in reader.lines().enumerate() {

@@ -15,9 +15,26 @@ pub struct DbArgs {
     /// File holding the database password (kept out of the URL and the process list).
     #[arg(long, env = "PODSTREAM_DB_PASSWORD_FILE")]
     pub db_password_file: Option<std::path::PathBuf>,
+    /// Container reasons (comma-separated) for which a pod that failed while its TI was still
+    /// `queued` fails the TI at once; for any other reason the sink records `launch_failed`
+    /// and leaves the TI to the executor, which relaunches it without spending a retry. Keep
+    /// it equal to Airflow's [kubernetes_executor] pod_launch_failure_excluded_container_reasons.
+    #[arg(
+        long,
+        env = "PODSTREAM_LAUNCH_FAILURE_EXCLUDED_REASONS",
+        default_value = podstream_sink::guard::DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS
+    )]
+    pub launch_failure_excluded_reasons: String,
 }
 
 impl DbArgs {
+    /// What the sink's guard applies beside the TI rows.
+    pub fn policy(&self) -> podstream_sink::guard::Policy {
+        podstream_sink::guard::Policy::with_launch_failure_excluded_reasons(
+            &self.launch_failure_excluded_reasons,
+        )
+    }
+
     /// The URL with the password from `PODSTREAM_DB_PASSWORD` or the password file.
     pub fn url(&self) -> anyhow::Result<String> {
         let db = self

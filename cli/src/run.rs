@@ -101,7 +101,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
-        let db = Database::connect(&db_url).await?;
+        let db = Database::connect(&db_url)
+            .await?
+            .with_policy(args.db.policy());
         eprintln!(
             "podstream: running ingest, processor and sink (db {})",
             podstream_sink::db::redacted(&db_url)

@@ -51,7 +51,9 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let streams = args.streams.settings();
     let applied_retention = args.retention.retention(streams.max_age)?;
     runtime.block_on(async {
-        let db = Database::connect(&args.db.url()?).await?;
+        let db = Database::connect(&args.db.url()?)
+            .await?
+            .with_policy(args.db.policy());
         let config = SinkConfig {
             nats_url: args.nats.clone(),
             prefix: args.streams.prefix.clone(),

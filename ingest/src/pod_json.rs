@@ -174,6 +174,7 @@ struct AnnotationsJson<'a> {
     map_index: Option<Text<'a>>,
     logical_date: Option<Text<'a>>,
     execution_date: Option<Text<'a>>,
+    task_instance_id: Option<Text<'a>>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for AnnotationsJson<'a> {
@@ -188,6 +189,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for AnnotationsJson<'a> {
                 "map_index" => &mut a.map_index,
                 "logical_date" => &mut a.logical_date,
                 "execution_date" => &mut a.execution_date,
+                "task_instance_id" => &mut a.task_instance_id,
                 _ => return,
             };
             *slot = Some(value);
@@ -341,6 +343,7 @@ impl PodJson<'_> {
                     map_index: text(&a.map_index),
                     logical_date: text(&a.logical_date),
                     execution_date: text(&a.execution_date),
+                    task_instance_id: text(&a.task_instance_id),
                 }),
             phase: status.and_then(|s| text(&s.phase)),
             status_reason: status.and_then(|s| text(&s.reason)),

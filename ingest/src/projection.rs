@@ -35,6 +35,10 @@ pub enum ProjectionError {
     /// Neither `run_id` nor a logical date names the DAG run.
     #[error("pod has none of the `run_id`, `execution_date`, `logical_date` annotations")]
     NoRun,
+    /// `task_instance_id` is not a UUID. Authoritative when present: the name annotations
+    /// are not a fallback (they could attach a stale pod to another attempt).
+    #[error("annotation `task_instance_id` is {0:?}, not a UUID")]
+    InvalidTaskInstanceId(String),
     /// A numeric annotation is not an integer.
     #[error("annotation `{annotation}` is {value:?}, not an integer")]
     NotAnInteger {
@@ -110,6 +114,8 @@ pub struct KeyAnnotations<'a> {
     pub logical_date: Option<&'a str>,
     /// `execution_date` (Airflow 2, pods older than run ids).
     pub execution_date: Option<&'a str>,
+    /// `task_instance_id`: the TI's UUID (cncf.kubernetes 10.25 and later).
+    pub task_instance_id: Option<&'a str>,
 }
 
 /// One container status, as far as the rules read it.
@@ -152,6 +158,7 @@ impl<'a> PodFacts<'a> {
                 map_index: get("map_index"),
                 logical_date: get("logical_date"),
                 execution_date: get("execution_date"),
+                task_instance_id: get("task_instance_id"),
             }
         });
         let statuses = |list: Option<&'a Vec<ContainerStatus>>| {
@@ -297,6 +304,13 @@ fn task_key(annotations: Option<&KeyAnnotations>) -> Result<TaskKey, ProjectionE
     } else {
         ""
     };
+    let task_instance_id = match annotations.task_instance_id {
+        None => String::new(),
+        Some(value) => uuid::Uuid::try_parse(value.trim())
+            .map_err(|_| ProjectionError::InvalidTaskInstanceId(value.to_owned()))?
+            .hyphenated()
+            .to_string(),
+    };
     Ok(TaskKey {
         dag_id: dag_id.to_owned(),
         task_id: task_id.to_owned(),
@@ -304,6 +318,7 @@ fn task_key(annotations: Option<&KeyAnnotations>) -> Result<TaskKey, ProjectionE
         map_index,
         try_number,
         logical_date: logical_date.to_owned(),
+        task_instance_id,
     })
 }
 

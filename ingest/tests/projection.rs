@@ -84,6 +84,52 @@ fn unusable_pods_give_typed_errors() {
     }
 }
 
+/// The TI's UUID annotation, as cncf.kubernetes 10.25 writes it: the key when valid, a dead
+/// letter when not (never a fallback to the names), the names alone when absent; the lean
+/// reader agrees on each.
+#[test]
+fn a_task_instance_id_is_the_identity_and_an_invalid_one_is_refused() {
+    let id = |value: &str| {
+        with(
+            worker_pod(),
+            "/metadata/annotations/task_instance_id",
+            json!(value),
+        )
+    };
+    #[rustfmt::skip]
+    let cases: [(&str, Value, Result<&str, ProjectionError>); 5] = [
+        ("valid", id("0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b"), Ok("0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b")),
+        ("upper case, no hyphens", id("0196B3A01C2D7E3F8A4B5C6D7E8F9A0B"), Ok("0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b")),
+        ("absent", worker_pod(), Ok("")),
+        ("not a uuid", id("ti-42"), Err(ProjectionError::InvalidTaskInstanceId("ti-42".into()))),
+        ("empty", id(""), Err(ProjectionError::InvalidTaskInstanceId(String::new()))),
+    ];
+    for (case, pod, expected) in cases {
+        let projected = project_json(pod.clone());
+        match expected {
+            Ok(want) => {
+                let task = projected
+                    .unwrap_or_else(|e| panic!("{case}: {e}"))
+                    .task
+                    .unwrap();
+                assert_eq!(task.task_instance_id, want, "{case}");
+                assert_eq!(
+                    (task.dag_id.as_str(), task.try_number),
+                    ("etl", 2),
+                    "{case}"
+                );
+            }
+            Err(error) => assert_eq!(projected, Err(error), "{case}"),
+        }
+        let event = json!({"type": "MODIFIED", "object": pod});
+        assert_eq!(
+            vec![project_watch_event(&event.to_string())],
+            generic(event),
+            "{case}: lean reader"
+        );
+    }
+}
+
 #[test]
 fn old_pods_with_a_logical_date_keep_an_incomplete_key() {
     let pod = with(

@@ -60,6 +60,7 @@ mod tests {
             map_index: -1,
             try_number: 1,
             logical_date: String::new(),
+            task_instance_id: String::new(),
         };
         let pod = PodRef {
             uid: "u1".into(),

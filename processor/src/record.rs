@@ -46,21 +46,27 @@ pub struct PodRecord {
 
 impl TaskRecord {
     /// The KV key of task instance `task`: `ti.<dag>.<task>.<run>.<map index>.<try>`, each
-    /// token escaped to the characters KV keys allow.
+    /// token escaped to the characters KV keys allow, and `.<task_instance_id>` when the pod
+    /// names the TI's UUID (part of its identity).
     pub fn key(task: &TaskKey) -> String {
         let run = if task.is_complete() {
             &task.run_id
         } else {
             &task.logical_date
         };
-        format!(
+        let mut key = format!(
             "ti.{}.{}.{}.{}.{}",
             key_token(&task.dag_id),
             key_token(&task.task_id),
             key_token(run),
             task.map_index,
             task.try_number
-        )
+        );
+        if !task.task_instance_id.is_empty() {
+            key.push('.');
+            key.push_str(&key_token(&task.task_instance_id));
+        }
+        key
     }
 
     /// Stream sequence of the last decided event of pod `uid`; 0 when none was.
@@ -205,6 +211,7 @@ mod tests {
                 map_index,
                 try_number,
                 logical_date: String::new(),
+                task_instance_id: String::new(),
             });
             assert!(
                 key.bytes()
@@ -214,5 +221,26 @@ mod tests {
             assert_eq!(key.split('.').count(), 6, "{key}");
             assert!(seen.insert(key.clone()), "{key} twice");
         }
+    }
+
+    #[test]
+    fn a_task_instance_id_is_part_of_the_key() {
+        let names = TaskKey {
+            dag_id: "etl".into(),
+            task_id: "load".into(),
+            run_id: "r".into(),
+            map_index: -1,
+            try_number: 1,
+            ..TaskKey::default()
+        };
+        let with_id = |id: &str| TaskKey {
+            task_instance_id: id.into(),
+            ..names.clone()
+        };
+        let a = TaskRecord::key(&with_id("0196b3a0-0000-7000-8000-000000000001"));
+        let b = TaskRecord::key(&with_id("0196b3a0-0000-7000-8000-000000000002"));
+        assert_eq!(a, "ti.etl.load.r.-1.1.0196b3a0-0000-7000-8000-000000000001");
+        assert_ne!(a, b);
+        assert_ne!(a, TaskRecord::key(&names));
     }
 }

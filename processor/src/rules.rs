@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use podstream_proto::PodEvent;
 use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase};
+use podstream_proto::{FATAL_PENDING, PodEvent};
 
 /// Waiting reasons that fail a pending pod, unless configured otherwise.
 pub const DEFAULT_FATAL_REASONS: &[&str] = &[
@@ -91,7 +91,7 @@ impl Rules {
                     .chain(event.first_app_waiting.as_ref());
                 match checked.into_iter().find(|w| self.is_fatal(w)) {
                     Some(w) => Failure::outcome(
-                        format!("fatal_pending:{}", w.reason),
+                        format!("{FATAL_PENDING}{}", w.reason),
                         format!(
                             "container {} waiting: {} {}",
                             w.container, w.reason, w.message

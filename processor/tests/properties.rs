@@ -152,7 +152,7 @@ proptest! {
                 phase,
                 pod: uid.map(|uid| PodRef { namespace: "ns".into(), name: uid.clone(), uid }),
                 task: task.map(|(dag, map_index, try_number)| TaskKey {
-                    dag_id: dag, task_id: "t".into(), run_id: "r".into(), map_index, try_number, logical_date: String::new(),
+                    dag_id: dag, task_id: "t".into(), run_id: "r".into(), map_index, try_number, logical_date: String::new(), task_instance_id: String::new(),
                 }),
                 owner, resource_version: rv, deletion_unix_ms: deletion, creation_unix_ms: created,
                 revoked, executor_done: done,

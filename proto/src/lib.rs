@@ -18,4 +18,5 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/podstream.v1.rs"));
 }
 
+pub use task::FATAL_PENDING;
 pub use v1::{Command, PodEvent, PodRef, TaskKey};

@@ -195,6 +195,7 @@ mod tests {
                 map_index: -1,
                 try_number: 1,
                 logical_date: String::new(),
+                task_instance_id: String::new(),
             }),
             pod: Some(pod("p")),
             owner: "2".into(),

@@ -5,6 +5,9 @@ use std::fmt;
 
 use crate::v1::{PodRef, TaskKey, command};
 
+/// The prefix of a fail's reason when a container waits for good: `fatal_pending:<Reason>`.
+pub const FATAL_PENDING: &str = "fatal_pending:";
+
 impl TaskKey {
     /// Whether the key names its DAG run; pods older than run ids carry only
     /// a logical date, which the sink resolves.
@@ -81,6 +84,7 @@ mod tests {
             } else {
                 String::new()
             },
+            task_instance_id: String::new(),
         }
     }
 

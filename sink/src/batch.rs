@@ -9,9 +9,10 @@ use podstream_proto::v1::command::Kind;
 use podstream_proto::{Command, TaskKey};
 use serde::Serialize;
 use sqlx::any::AnyArguments;
-use sqlx::{Any, AnyConnection, Connection, Row};
+use sqlx::{Any, AnyConnection, Row};
 
-use crate::apply::{Item, Outcome, log_entry, sqlite_now};
+use crate::airflow::AirflowSchema;
+use crate::apply::{Item, Outcome, log_entry};
 use crate::db::{Backend, Database};
 use crate::guard::{self, Effect, Skip, TiRow, Verdict};
 
@@ -81,8 +82,8 @@ fn key_and(more: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static
 }
 
 impl SetStatements {
-    /// The statements in `backend`'s dialect.
-    pub fn new(backend: Backend) -> SetStatements {
+    /// The statements in `backend`'s dialect, for `airflow`'s schema.
+    pub fn new(backend: Backend, airflow: AirflowSchema) -> SetStatements {
         let rows = |columns: &[(&str, &str)]| json_rows(backend, columns);
         let now = match backend {
             Backend::Postgres => "now()",
@@ -102,17 +103,32 @@ impl SetStatements {
             Backend::Postgres => "task_instance.state",
             Backend::Sqlite => "+task_instance.state",
         };
+        // Airflow 3: a command whose pod names the TI's UUID moves only the TI with that id
+        // (PostgreSQL stores a native uuid; SQLAlchemy writes 32 hex digits into SQLite).
+        let same_instance = match (airflow, backend) {
+            (AirflowSchema::V2, _) => "",
+            (AirflowSchema::V3, Backend::Postgres) => {
+                "AND (v.ti_id IS NULL OR task_instance.id = CAST(v.ti_id AS uuid))"
+            }
+            (AirflowSchema::V3, Backend::Sqlite) => {
+                "AND (v.ti_id IS NULL OR lower(replace(task_instance.id, '-', '')) = replace(v.ti_id, '-', ''))"
+            }
+        };
         let guarded = |set: String, more: &[(&'static str, &'static str)]| {
             format!(
                 "UPDATE task_instance SET {set}
                  FROM {} WHERE task_instance.dag_id = v.dag_id AND task_instance.task_id = v.task_id
                    AND task_instance.run_id = v.run_id AND task_instance.map_index = v.map_index
                    AND task_instance.try_number = v.try_number
-                   AND {state} IN ('queued', 'running', 'restarting')
+                   AND {state} IN ('queued', 'running', 'restarting') {same_instance}
                  RETURNING task_instance.dag_id, task_instance.task_id, task_instance.run_id,
                    CAST(task_instance.map_index AS BIGINT)",
                 rows(&key_and(more))
             )
+        };
+        let ti_id = match airflow {
+            AirflowSchema::V2 => "CAST(NULL AS TEXT)",
+            AirflowSchema::V3 => "CAST(t.id AS TEXT)",
         };
         SetStatements {
             applied_ids: match backend {
@@ -132,7 +148,7 @@ impl SetStatements {
             // A join with the keys as a table lets both databases use the TI key's index.
             ti_rows: format!(
                 "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
-                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT)
+                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT), {ti_id}
                  FROM {} JOIN task_instance t ON t.dag_id = v.dag_id AND t.task_id = v.task_id
                    AND t.run_id = v.run_id AND t.map_index = v.map_index",
                 rows(&KEY)
@@ -141,7 +157,11 @@ impl SetStatements {
                 format!(
                     "state = v.new_state, end_date = {now}, duration = {duration}, updated_at = {now}"
                 ),
-                &[("try_number", "integer"), ("new_state", "text")],
+                &[
+                    ("try_number", "integer"),
+                    ("ti_id", "text"),
+                    ("new_state", "text"),
+                ],
             ),
             transfer: guarded(
                 format!(
@@ -149,6 +169,7 @@ impl SetStatements {
                 ),
                 &[
                     ("try_number", "integer"),
+                    ("ti_id", "text"),
                     ("job_id", "integer"),
                     ("executor_id", "text"),
                 ],
@@ -245,12 +266,15 @@ impl<'a> KeyRow<'a> {
     }
 }
 
-/// A row of a guarded TI update: the key and try, then what the update sets.
+/// A row of a guarded TI update: the key and try (and the TI's UUID when the pod names it),
+/// then what the update sets.
 #[derive(Serialize)]
 struct UpdateRow<'a> {
     #[serde(flatten)]
     key: KeyRow<'a>,
     try_number: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ti_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     new_state: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -342,13 +366,35 @@ struct Update {
     effect: Effect,
 }
 
+/// The TI UUID a command's pod names, in the form the update compares: 32 lowercase hex
+/// digits on SQLite (as SQLAlchemy stores it), hyphenated on PostgreSQL.
+fn ti_id_param(backend: Backend, task: &TaskKey) -> Option<String> {
+    let id = task.task_instance_id.as_str();
+    (!id.is_empty()).then(|| match backend {
+        Backend::Postgres => id.to_owned(),
+        Backend::Sqlite => id.replace('-', "").to_ascii_lowercase(),
+    })
+}
+
+/// A TI UUID as the database returned it (PostgreSQL: hyphenated; SQLite: as Airflow wrote
+/// it, 32 hex digits), in the pods' form: lowercase, hyphenated. Kept as it is when it does
+/// not read as a UUID, so that it matches no pod.
+pub(crate) fn ti_id_from_db(id: String) -> String {
+    uuid::Uuid::try_parse(&id).map_or(id, |u| u.hyphenated().to_string())
+}
+
 impl Database {
-    pub(crate) async fn apply_set(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
-        let now = sqlite_now();
-        let applied = self.applied_ids(&mut tx, items).await?;
-        let mut rows = self.ti_rows(&mut tx, items).await?;
+    /// Applies `items` in order on `conn`, inside the caller's transaction.
+    pub(crate) async fn apply_set(
+        &self,
+        conn: &mut AnyConnection,
+        items: &[Item],
+    ) -> Result<Vec<Outcome>, sqlx::Error> {
+        let tx = conn;
+        let now = crate::apply::sqlite_now();
+        let applied = self.applied_ids(tx, items).await?;
+        let mut rows = self.ti_rows(tx, items).await?;
+        let mut launch_failed = Vec::new();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut seen: HashSet<&str> = HashSet::new();
         let mut round: Vec<Update> = Vec::new();
@@ -366,27 +412,25 @@ impl Database {
                 continue;
             }
             let Some(key) = key_of(command) else { continue };
-            match guard::verdict(command, rows.get(&key)) {
+            match guard::verdict(command, rows.get(&key), &self.policy) {
                 Verdict::Invalid(reason) => outcomes[index] = Some(Outcome::Dead(reason)),
                 Verdict::Skip(skip) => outcomes[index] = Some(Outcome::Skipped(skip)),
                 Verdict::Apply(Effect::Record) => {
-                    outcomes[index] = Some(Outcome::Applied("recorded"))
+                    outcomes[index] = Some(Outcome::Applied(Effect::Record))
+                }
+                Verdict::Apply(Effect::LaunchFailed) => {
+                    outcomes[index] = Some(Outcome::Applied(Effect::LaunchFailed));
+                    launch_failed.push((index, Effect::LaunchFailed));
                 }
                 Verdict::Apply(effect) => {
                     if !round_keys.insert(key.clone()) {
                         round_keys.clear();
                         round_keys.insert(key.clone());
-                        self.run_round(
-                            &mut tx,
-                            items,
-                            std::mem::take(&mut round),
-                            &mut outcomes,
-                            &now,
-                        )
-                        .await?;
+                        self.run_round(tx, items, std::mem::take(&mut round), &mut outcomes, &now)
+                            .await?;
                     }
                     if let (Effect::Fail { state }, Some(row)) = (&effect, rows.get_mut(&key)) {
-                        row.state = Some((*state).to_owned());
+                        row.state = Some(state.name().to_owned());
                     }
                     let try_number = command.task.as_ref().map_or(0, |t| t.try_number);
                     round.push(Update {
@@ -398,8 +442,9 @@ impl Database {
                 }
             }
         }
-        self.run_round(&mut tx, items, round, &mut outcomes, &now)
+        self.run_round(tx, items, round, &mut outcomes, &now)
             .await?;
+        self.insert_logs(tx, items, &launch_failed, &now).await?;
         let outcomes: Vec<Outcome> = outcomes
             .into_iter()
             .map(|o| o.unwrap_or(Outcome::Dead("not decided".into())))
@@ -407,10 +452,9 @@ impl Database {
         let applied_indexes: Vec<usize> = (0..items.len())
             .filter(|i| matches!(outcomes.get(*i), Some(Outcome::Applied(_))))
             .collect();
-        self.record_pods(&mut tx, items, &outcomes, &applied_indexes, &now)
+        self.record_pods(tx, items, &outcomes, &applied_indexes, &now)
             .await?;
-        self.record_applied(&mut tx, items, &outcomes, &now).await?;
-        tx.commit().await?;
+        self.record_applied(tx, items, &outcomes, &now).await?;
         Ok(outcomes)
     }
 
@@ -420,7 +464,7 @@ impl Database {
         items: &[Item],
     ) -> Result<HashSet<String>, sqlx::Error> {
         let ids: Vec<IdRow> = items.iter().map(|i| IdRow { id: &i.command.id }).collect();
-        let query = set_query(self.backend, &self.sql.set.applied_ids, &ids, None)?;
+        let query = set_query(self.backend, &self.sql.applied_ids, &ids, None)?;
         let mut found = HashSet::new();
         for row in query.fetch_all(&mut *conn).await? {
             found.insert(row.try_get::<String, _>(0)?);
@@ -440,7 +484,7 @@ impl Database {
             unique
         };
         let key_rows: Vec<KeyRow> = keys.iter().map(KeyRow::of).collect();
-        let query = set_query(self.backend, &self.sql.set.ti_rows, &key_rows, None)?;
+        let query = set_query(self.backend, &self.sql.ti_rows, &key_rows, None)?;
         let mut rows = HashMap::new();
         for row in query.fetch_all(&mut *conn).await? {
             rows.insert(
@@ -449,6 +493,7 @@ impl Database {
                     state: row.try_get::<Option<String>, _>(4)?,
                     try_number: row.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
                     max_tries: row.try_get::<Option<i64>, _>(6)?.unwrap_or(-1),
+                    id: row.try_get::<Option<String>, _>(7)?.map(ti_id_from_db),
                 },
             );
         }
@@ -503,27 +548,35 @@ impl Database {
     ) -> Result<(), sqlx::Error> {
         let mut fails = Vec::new();
         let mut transfers = Vec::new();
-        for update in &round {
+        let ti_ids: Vec<Option<String>> = round
+            .iter()
+            .map(|u| {
+                let task = items.get(u.index).and_then(|i| i.command.task.as_ref());
+                task.and_then(|t| ti_id_param(self.backend, t))
+            })
+            .collect();
+        for (update, ti_id) in round.iter().zip(&ti_ids) {
             let row = |new_state, job_id: Option<i64>| UpdateRow {
                 key: KeyRow::of(&update.key),
                 try_number: update.try_number,
+                ti_id: ti_id.as_deref(),
                 new_state,
                 job_id,
                 executor_id: job_id.map(|j| j.to_string()),
             };
             match update.effect {
-                Effect::Fail { state } => fails.push(row(Some(state), None)),
+                Effect::Fail { state } => fails.push(row(Some(state.name()), None)),
                 Effect::Transfer { job_id } => transfers.push(row(None, Some(job_id))),
-                Effect::Record => {}
+                Effect::LaunchFailed | Effect::Record => {}
             }
         }
         let mut done: HashSet<Key> = HashSet::new();
         done.extend(
-            self.guarded_update(conn, &self.sql.set.fail, &fails, now)
+            self.guarded_update(conn, &self.sql.fail, &fails, now)
                 .await?,
         );
         done.extend(
-            self.guarded_update(conn, &self.sql.set.transfer, &transfers, now)
+            self.guarded_update(conn, &self.sql.transfer, &transfers, now)
                 .await?,
         );
         let mut logged = Vec::new();
@@ -534,13 +587,8 @@ impl Database {
                 )));
                 continue;
             }
-            let name = match update.effect {
-                Effect::Fail { state } => state,
-                Effect::Transfer { .. } => "transfer",
-                Effect::Record => "recorded",
-            };
-            outcomes[update.index] = Some(Outcome::Applied(name));
-            logged.push((update.index, name));
+            outcomes[update.index] = Some(Outcome::Applied(update.effect.clone()));
+            logged.push((update.index, update.effect.clone()));
         }
         self.insert_logs(conn, items, &logged, now).await
     }
@@ -549,16 +597,16 @@ impl Database {
         &self,
         conn: &mut AnyConnection,
         items: &[Item],
-        applied: &[(usize, &'static str)],
+        applied: &[(usize, Effect)],
         now: &str,
     ) -> Result<(), sqlx::Error> {
         let rows: Vec<LogRow> = applied
             .iter()
-            .filter_map(|(i, name)| items.get(*i).map(|item| (item, *name)))
-            .filter_map(|(item, name)| {
+            .filter_map(|(i, effect)| items.get(*i).map(|item| (item, effect)))
+            .filter_map(|(item, effect)| {
                 let command = &item.command;
                 let task = command.task.as_ref()?;
-                let (event, extra) = log_entry(command, name)?;
+                let (event, extra) = log_entry(command, effect)?;
                 Some(LogRow {
                     key: KeyRow::of_task(task),
                     try_number: task.try_number,
@@ -567,7 +615,7 @@ impl Database {
                 })
             })
             .collect();
-        self.write(conn, &self.sql.set.log, &rows, now).await
+        self.write(conn, &self.sql.log, &rows, now).await
     }
 
     /// The TI's current pod (the batch's last applied command per TI wins) and duplicate
@@ -609,7 +657,7 @@ impl Database {
                 })
             })
             .collect();
-        self.write(conn, &self.sql.set.ti_pod, &pods, now).await?;
+        self.write(conn, &self.sql.ti_pod, &pods, now).await?;
         let duplicates: Vec<DuplicateRow> = indexes
             .iter()
             .filter(|i| matches!(outcomes.get(**i), Some(Outcome::Applied(_))))
@@ -631,7 +679,7 @@ impl Database {
             })
             .flatten()
             .collect();
-        self.write(conn, &self.sql.set.duplicate, &duplicates, now)
+        self.write(conn, &self.sql.duplicate, &duplicates, now)
             .await
     }
 
@@ -647,7 +695,7 @@ impl Database {
             .iter()
             .zip(outcomes)
             .filter_map(|(item, outcome)| match outcome {
-                Outcome::Applied(name) => Some((item, *name)),
+                Outcome::Applied(effect) => Some((item, effect.name())),
                 Outcome::Skipped(Skip::AlreadyApplied) | Outcome::Dead(_) => None,
                 Outcome::Skipped(skip) => Some((item, skip.name())),
             })
@@ -657,6 +705,6 @@ impl Database {
                 outcome: name,
             })
             .collect();
-        self.write(conn, &self.sql.set.applied, &rows, now).await
+        self.write(conn, &self.sql.applied, &rows, now).await
     }
 }

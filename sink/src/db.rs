@@ -52,8 +52,10 @@ pub struct Database {
     pub airflow: AirflowSchema,
     /// The supported release that made it, when its alembic revision names one.
     pub release: Option<&'static AirflowRelease>,
-    /// The statements, in its dialect.
-    pub sql: std::sync::Arc<crate::apply::Statements>,
+    /// The statements, in its dialect and for its schema.
+    pub sql: std::sync::Arc<crate::batch::SetStatements>,
+    /// What the guard applies beside the TI row.
+    pub policy: std::sync::Arc<crate::guard::Policy>,
 }
 
 /// A table's column names.
@@ -203,11 +205,20 @@ impl Database {
             backend,
             airflow,
             release,
-            sql: std::sync::Arc::new(crate::apply::Statements::new(backend)),
+            sql: std::sync::Arc::new(crate::batch::SetStatements::new(backend, airflow)),
+            policy: std::sync::Arc::default(),
         };
         database.create_tables().await?;
         tracing::info!(db = %redacted(&url), ?backend, ?airflow, release = release.map(|r| r.release), "metadata database ready");
         Ok(database)
+    }
+
+    /// This database with the guard applying `policy`.
+    pub fn with_policy(self, policy: crate::guard::Policy) -> Database {
+        Database {
+            policy: std::sync::Arc::new(policy),
+            ..self
+        }
     }
 
     async fn create_tables(&self) -> anyhow::Result<()> {

@@ -1,14 +1,50 @@
 //! The guard: what a command may do to a task instance, as a pure function of the command and
 //! the TI row. Table-tested in `tests/guard.rs`.
 
-use podstream_proto::Command;
+use std::collections::BTreeSet;
+
+use podstream_proto::v1::Fail;
 use podstream_proto::v1::command::Kind;
+use podstream_proto::{Command, FATAL_PENDING};
 
 /// States a TI can be adopted from: only these move.
 pub const ADOPTABLE: [&str; 3] = ["queued", "running", "restarting"];
 
 /// States that end a try.
 pub const TERMINAL: [&str; 5] = ["success", "failed", "skipped", "upstream_failed", "removed"];
+
+/// `[kubernetes_executor] pod_launch_failure_excluded_container_reasons` as Airflow ships it:
+/// a container that ended with `Error` started the worker, so its failure is the task's.
+pub const DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS: &str = "Error";
+
+/// The settings the guard applies beside the TI row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Container reasons for which a failed pod of a `queued` TI fails the TI at once rather
+    /// than being left to the executor's relaunch (`pod_launch_failure_excluded_container_reasons`).
+    pub launch_failure_excluded_reasons: BTreeSet<String>,
+}
+
+impl Policy {
+    /// A policy with `list` (comma-separated, each name trimmed, as Airflow reads its option)
+    /// as the excluded container reasons.
+    pub fn with_launch_failure_excluded_reasons(list: &str) -> Policy {
+        Policy {
+            launch_failure_excluded_reasons: list
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy::with_launch_failure_excluded_reasons(DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS)
+    }
+}
 
 /// The TI columns the guard reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +55,8 @@ pub struct TiRow {
     pub try_number: i64,
     /// `max_tries`.
     pub max_tries: i64,
+    /// `id` (Airflow 3's UUID, lowercase and hyphenated); `None` on Airflow 2.
+    pub id: Option<String>,
 }
 
 /// Why a command leaves the TI alone.
@@ -32,6 +70,8 @@ pub enum Skip {
     NewerTry,
     /// The TI is at an earlier try than the command (the try has not started in Airflow).
     OlderTry,
+    /// The pod names a TI UUID that is not this TI's: it belongs to another attempt.
+    OtherInstance,
     /// The TI is in a state podstream does not adopt from (scheduled, up_for_retry, ...).
     NotAdoptable(String),
     /// This command was applied before.
@@ -46,8 +86,28 @@ impl Skip {
             Skip::Terminal(_) => "terminal",
             Skip::NewerTry => "newer_try",
             Skip::OlderTry => "older_try",
+            Skip::OtherInstance => "other_instance",
             Skip::NotAdoptable(_) => "not_adoptable",
             Skip::AlreadyApplied => "already_applied",
+        }
+    }
+}
+
+/// The state a fail moves a TI to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailState {
+    /// Retries are left.
+    UpForRetry,
+    /// No retries are left.
+    Failed,
+}
+
+impl FailState {
+    /// Airflow's name of the state, as written to `task_instance.state`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailState::UpForRetry => "up_for_retry",
+            FailState::Failed => "failed",
         }
     }
 }
@@ -58,8 +118,11 @@ pub enum Effect {
     /// `state` := `up_for_retry` or `failed`, with `end_date`, `duration` and a `log` row.
     Fail {
         /// The new state.
-        state: &'static str,
+        state: FailState,
     },
+    /// The pod of a `queued` TI failed before the task process started: a `log` row, and the
+    /// TI is left to the executor, which relaunches it without spending a retry.
+    LaunchFailed,
     /// `queued_by_job_id` and `external_executor_id` := the new owner.
     Transfer {
         /// The new owner as a job id.
@@ -67,6 +130,19 @@ pub enum Effect {
     },
     /// No TI change; podstream's own tables record the pod (and duplicates).
     Record,
+}
+
+impl Effect {
+    /// The effect as counted and recorded: `up_for_retry`, `failed`, `launch_failed`,
+    /// `transfer`, `recorded`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::Fail { state } => state.name(),
+            Effect::LaunchFailed => "launch_failed",
+            Effect::Transfer { .. } => "transfer",
+            Effect::Record => "recorded",
+        }
+    }
 }
 
 /// The guard's answer.
@@ -80,8 +156,20 @@ pub enum Verdict {
     Invalid(String),
 }
 
-/// What `command` may do to the TI `row` (`None` when no TI has its key).
-pub fn verdict(command: &Command, row: Option<&TiRow>) -> Verdict {
+/// The container reason of a failed pod, as the provider reads it: the first container
+/// (init containers first) that ended with a non-zero exit code other than `Completed`; else
+/// the waiting reason behind a `fatal_pending:<Reason>`.
+pub fn container_reason(fail: &Fail) -> Option<&str> {
+    fail.terminated
+        .iter()
+        .find(|c| c.exit_code != 0 && c.reason != "Completed")
+        .map(|c| c.reason.as_str())
+        .or_else(|| fail.reason.strip_prefix(FATAL_PENDING))
+        .filter(|reason| !reason.is_empty())
+}
+
+/// What `command` may do to the TI `row` (`None` when no TI has its key), under `policy`.
+pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdict {
     let Some(task) = &command.task else {
         return Verdict::Invalid("command without a task instance key".into());
     };
@@ -97,6 +185,12 @@ pub fn verdict(command: &Command, row: Option<&TiRow>) -> Verdict {
     if row.try_number < task.try_number {
         return Verdict::Skip(Skip::OlderTry);
     }
+    if let Some(id) = &row.id
+        && !task.task_instance_id.is_empty()
+        && *id != task.task_instance_id
+    {
+        return Verdict::Skip(Skip::OtherInstance);
+    }
     let state = row.state.clone().unwrap_or_else(|| "none".to_owned());
     if TERMINAL.contains(&state.as_str()) {
         return Verdict::Skip(Skip::Terminal(state));
@@ -105,13 +199,18 @@ pub fn verdict(command: &Command, row: Option<&TiRow>) -> Verdict {
         return Verdict::Skip(Skip::NotAdoptable(state));
     }
     match kind {
-        Kind::Fail(_) => {
+        Kind::Fail(fail) => {
+            let excluded = container_reason(fail)
+                .is_some_and(|r| policy.launch_failure_excluded_reasons.contains(r));
+            if state == "queued" && !excluded {
+                return Verdict::Apply(Effect::LaunchFailed);
+            }
             let retries_left = row.max_tries > 0 && row.try_number <= row.max_tries;
             Verdict::Apply(Effect::Fail {
                 state: if retries_left {
-                    "up_for_retry"
+                    FailState::UpForRetry
                 } else {
-                    "failed"
+                    FailState::Failed
                 },
             })
         }

@@ -46,6 +46,8 @@ pub struct TiRow {
     pub try_number: i64,
     /// `queued_by_job_id`, when set.
     pub queued_by_job_id: Option<i64>,
+    /// `id` (Airflow 3), lowercase and hyphenated as pods carry it.
+    pub id: Option<String>,
 }
 
 /// SQL inserting a running DAG run and its task instances (queued by job 1), in the dialect
@@ -69,7 +71,14 @@ pub fn statements(
             "INSERT INTO dag_run (dag_id, logical_date, run_after, run_id, run_type, state, clear_number, span_status) VALUES ('{dag_id}', {ts}, {ts}, '{run_id}', 'manual', 'running', 0, 'not_started')"
         ),
     }];
-    for (n, ti) in tis.iter().enumerate() {
+    for ti in tis {
+        // A fresh UUID, stored as SQLAlchemy's `Uuid` stores it: native on PostgreSQL, 32 hex
+        // digits on SQLite.
+        let id = uuid::Uuid::new_v4();
+        let id = match backend {
+            Backend::Postgres => id.hyphenated().to_string(),
+            Backend::Sqlite => id.simple().to_string(),
+        };
         let state = ti.state.map_or("NULL".to_owned(), |s| format!("'{s}'"));
         statements.push(match airflow {
             AirflowSchema::V2 => format!(
@@ -77,7 +86,7 @@ pub fn statements(
                 ti.task_id, ti.map_index, ti.try_number, ti.max_tries
             ),
             AirflowSchema::V3 => format!(
-                "INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id, span_status) VALUES ('0196b3a0-0000-7000-8000-{n:012}', '{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1, 'not_started')",
+                "INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id, span_status) VALUES ('{id}', '{}', '{dag_id}', '{run_id}', {}, {state}, {}, {}, 'default_pool', 1, {ts}, 1, 'not_started')",
                 ti.task_id, ti.map_index, ti.try_number, ti.max_tries
             ),
         });
@@ -99,10 +108,14 @@ impl Database {
 
     /// The task instance `key` names (its try is not part of the lookup), if it exists.
     pub async fn task_instance(&self, key: &TaskKey) -> anyhow::Result<Option<TiRow>> {
+        let id = match self.airflow {
+            AirflowSchema::V2 => "CAST(NULL AS TEXT)",
+            AirflowSchema::V3 => "CAST(id AS TEXT)",
+        };
         let query = sql(
             self.backend,
-            "SELECT COALESCE(state, ''), CAST(try_number AS BIGINT), CAST(queued_by_job_id AS BIGINT)
-             FROM task_instance WHERE dag_id = $1 AND task_id = $2 AND run_id = $3 AND map_index = $4",
+            &format!("SELECT COALESCE(state, ''), CAST(try_number AS BIGINT), CAST(queued_by_job_id AS BIGINT), {id}
+             FROM task_instance WHERE dag_id = $1 AND task_id = $2 AND run_id = $3 AND map_index = $4"),
             0,
         );
         let row = sqlx::query(&query)
@@ -118,6 +131,9 @@ impl Database {
                 state: row.try_get(0)?,
                 try_number: row.try_get(1)?,
                 queued_by_job_id: row.try_get(2)?,
+                id: row
+                    .try_get::<Option<String>, _>(3)?
+                    .map(crate::batch::ti_id_from_db),
             })
         })
         .transpose()

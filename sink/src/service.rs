@@ -246,7 +246,7 @@ fn log_outcome(command: &Command, outcome: &Outcome) {
         .unwrap_or_default();
     match outcome {
         Outcome::Applied(what) => {
-            tracing::info!(ti = %task, pod, owner = %command.owner, command = %command.id, what, "applied")
+            tracing::info!(ti = %task, pod, owner = %command.owner, command = %command.id, what = what.name(), "applied")
         }
         Outcome::Skipped(skip) => {
             tracing::debug!(ti = %task, pod, owner = %command.owner, command = %command.id, reason = skip.name(), "skipped")

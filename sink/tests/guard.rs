@@ -3,9 +3,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use podstream_proto::v1::command::Kind;
-use podstream_proto::v1::{Completed, Duplicate, Fail, Lost, Running, Transfer};
+use podstream_proto::v1::{
+    Completed, ContainerTerminated, Duplicate, Fail, Lost, Running, Transfer,
+};
 use podstream_proto::{Command, TaskKey};
-use podstream_sink::guard::{Effect, Skip, TiRow, Verdict, verdict};
+use podstream_sink::guard::{Effect, FailState, Policy, Skip, TiRow, Verdict, verdict};
+
+const UP_FOR_RETRY: Effect = Effect::Fail {
+    state: FailState::UpForRetry,
+};
+const FAILED: Effect = Effect::Fail {
+    state: FailState::Failed,
+};
+const ID: &str = "0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
+const OTHER_ID: &str = "0196b3a0-1c2d-7e3f-8a4b-000000000000";
 
 fn command(try_number: i64, kind: Kind) -> Command {
     Command {
@@ -28,6 +39,39 @@ fn ti(state: Option<&str>, try_number: i64, max_tries: i64) -> Option<TiRow> {
         state: state.map(str::to_owned),
         try_number,
         max_tries,
+        id: None,
+    })
+}
+
+/// An Airflow 3 row, with its UUID.
+fn ti_with_id(state: &str, id: &str) -> Option<TiRow> {
+    Some(TiRow {
+        id: Some(id.to_owned()),
+        ..ti(Some(state), 1, 1)?
+    })
+}
+
+/// A command whose pod names the TI's UUID.
+fn with_id(mut command: Command, id: &str) -> Command {
+    if let Some(task) = command.task.as_mut() {
+        task.task_instance_id = id.to_owned();
+    }
+    command
+}
+
+/// A fail whose reason is `reason`, with one container that ended with `container_reason`.
+fn fail_of(reason: &str, container_reason: Option<&str>) -> Kind {
+    Kind::Fail(Fail {
+        reason: reason.to_owned(),
+        detail: String::new(),
+        terminated: container_reason
+            .map(|r| ContainerTerminated {
+                container: "base".into(),
+                exit_code: 1,
+                reason: r.to_owned(),
+            })
+            .into_iter()
+            .collect(),
     })
 }
 
@@ -43,37 +87,79 @@ fn the_guard_table() {
             "fail, retries left",
             command(1, fail()),
             ti(Some("running"), 1, 2),
-            Apply(Effect::Fail {
-                state: "up_for_retry",
-            }),
+            Apply(UP_FOR_RETRY),
         ),
         (
             "fail, last retry",
             command(2, fail()),
             ti(Some("running"), 2, 2),
-            Apply(Effect::Fail {
-                state: "up_for_retry",
-            }),
+            Apply(UP_FOR_RETRY),
         ),
         (
             "fail, retries used up",
             command(3, fail()),
             ti(Some("running"), 3, 2),
-            Apply(Effect::Fail { state: "failed" }),
+            Apply(FAILED),
         ),
         (
             "fail, no retries",
             command(1, fail()),
+            ti(Some("running"), 1, 0),
+            Apply(FAILED),
+        ),
+        (
+            "fail of a queued TI: left to the executor's relaunch",
+            command(1, fail_of("deleted_while_running", None)),
             ti(Some("queued"), 1, 0),
-            Apply(Effect::Fail { state: "failed" }),
+            Apply(Effect::LaunchFailed),
+        ),
+        (
+            "fail of a queued TI, image pull",
+            command(1, fail_of("fatal_pending:ErrImagePull", None)),
+            ti(Some("queued"), 1, 1),
+            Apply(Effect::LaunchFailed),
+        ),
+        (
+            "fail of a queued TI, container reason Error (excluded)",
+            command(1, fail_of("pod_failed", Some("Error"))),
+            ti(Some("queued"), 1, 0),
+            Apply(FAILED),
+        ),
+        (
+            "fail of a queued TI, container reason OOMKilled",
+            command(1, fail_of("pod_failed", Some("OOMKilled"))),
+            ti(Some("queued"), 1, 1),
+            Apply(Effect::LaunchFailed),
+        ),
+        (
+            "fail of a running TI, container reason OOMKilled",
+            command(1, fail_of("pod_failed", Some("OOMKilled"))),
+            ti(Some("running"), 1, 1),
+            Apply(UP_FOR_RETRY),
+        ),
+        (
+            "fail naming the TI's UUID",
+            with_id(command(1, fail()), ID),
+            ti_with_id("running", ID),
+            Apply(UP_FOR_RETRY),
+        ),
+        (
+            "fail naming another UUID: another attempt's pod",
+            with_id(command(1, fail()), OTHER_ID),
+            ti_with_id("running", ID),
+            S(Skip::OtherInstance),
+        ),
+        (
+            "fail without a UUID on an Airflow 3 row: the names decide",
+            command(1, fail()),
+            ti_with_id("running", ID),
+            Apply(UP_FOR_RETRY),
         ),
         (
             "fail, restarting",
             command(1, fail()),
             ti(Some("restarting"), 1, 1),
-            Apply(Effect::Fail {
-                state: "up_for_retry",
-            }),
+            Apply(UP_FOR_RETRY),
         ),
         (
             "terminal success",
@@ -179,11 +265,36 @@ fn the_guard_table() {
         ),
     ];
     for (name, command, row, expected) in table {
-        assert_eq!(verdict(&command, row.as_ref()), expected, "{name}");
+        assert_eq!(
+            verdict(&command, row.as_ref(), &Policy::default()),
+            expected,
+            "{name}"
+        );
     }
     let keyless = Command {
         task: None,
         ..command(1, fail())
     };
-    assert!(matches!(verdict(&keyless, None), Invalid(_)));
+    assert!(matches!(
+        verdict(&keyless, None, &Policy::default()),
+        Invalid(_)
+    ));
+}
+
+/// The excluded reasons are read as Airflow reads its option: comma-separated, each trimmed.
+#[test]
+fn excluded_launch_failure_reasons_are_configurable() {
+    let pull = command(1, fail_of("fatal_pending:ErrImagePull", None));
+    let queued = ti(Some("queued"), 1, 0);
+    let strict = Policy::with_launch_failure_excluded_reasons("Error, ErrImagePull ,");
+    assert_eq!(
+        verdict(&pull, queued.as_ref(), &strict),
+        Verdict::Apply(FAILED)
+    );
+    let none = Policy::with_launch_failure_excluded_reasons("");
+    let error = command(1, fail_of("pod_failed", Some("Error")));
+    assert_eq!(
+        verdict(&error, queued.as_ref(), &none),
+        Verdict::Apply(Effect::LaunchFailed)
+    );
 }

@@ -67,6 +67,7 @@ fn fixtures_give_their_reviewed_output() {
             "failure_and_success.expected.jsonl",
         ),
         ("malformed.jsonl", "malformed.expected.jsonl"),
+        ("task_instance_id.jsonl", "task_instance_id.expected.jsonl"),
     ] {
         assert_eq!(
             lines(&decide_file(input)),

@@ -687,20 +687,27 @@ async fn a_nats_restart_mid_stream_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
-    // One broken pod is in the first list, the other arrives on the live watch.
-    fn broken(name: &str) -> Value {
+    // One broken pod is in the first list, the other arrives on the live watch: a try that
+    // is no integer, and a TI UUID that is no UUID (never a fallback to the names).
+    fn broken(name: &str, annotation: &str, value: &str) -> Value {
         let mut pod = WorkerPod::new(name, "1", "etl", "t", "r").to_json();
-        pod["metadata"]["annotations"]["try_number"] = "one".into();
+        pod["metadata"]["annotations"][annotation] = value.into();
         pod
     }
     let nats = NatsServer::start();
     let sim = sim().await;
     let js = jetstream(&nats.url()).await;
-    let listed = sim.cluster().create_pod(broken("broken-listed")).unwrap();
+    let listed = sim
+        .cluster()
+        .create_pod(broken("broken-listed", "try_number", "one"))
+        .unwrap();
     let ingest = start_ingest(&sim, &nats.url()).await;
     let mut scenario = Scenario::new(sim.cluster());
     wait_until_watching(&js, &mut scenario).await;
-    let watched = sim.cluster().create_pod(broken("broken-watched")).unwrap();
+    let watched = sim
+        .cluster()
+        .create_pod(broken("broken-watched", "task_instance_id", "ti-42"))
+        .unwrap();
     scenario.create("after-broken", "1");
     bus::settle(
         &js,
@@ -722,13 +729,17 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
 
     let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
     assert_eq!(dead.len(), 2);
-    for (letter, pod) in dead.iter().zip([&listed, &watched]) {
+    for ((letter, pod), annotation) in dead
+        .iter()
+        .zip([&listed, &watched])
+        .zip(["try_number", "task_instance_id"])
+    {
         let name = pod["metadata"]["name"].as_str().unwrap();
         let uid = pod["metadata"]["uid"].as_str().unwrap();
         let rv = pod["metadata"]["resourceVersion"].as_str().unwrap();
         assert_eq!(letter.subject, "podstream.dead.ingest");
         let reason = letter.header("Podstream-Reason").unwrap();
-        assert!(reason.contains("try_number"), "{name}: {reason}");
+        assert!(reason.contains(annotation), "{name}: {reason}");
         // Named, so a retried dead letter is stored once and a reader finds the pod.
         assert_eq!(
             letter.header("Nats-Msg-Id").unwrap(),

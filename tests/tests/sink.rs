@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use podstream_proto::v1::command::Kind;
-use podstream_proto::v1::{Completed, Duplicate, Fail, Running, Transfer};
+use podstream_proto::v1::{Completed, ContainerTerminated, Duplicate, Fail, Running, Transfer};
 use podstream_proto::{Command, PodRef, TaskKey};
-use podstream_sink::guard::Skip;
+use podstream_sink::guard::{Effect, FailState, Policy, Skip};
 use podstream_sink::lanes::LaneConfig;
 use podstream_sink::service::{self, SinkConfig};
 use podstream_sink::{Database, Item, Outcome};
@@ -24,6 +24,13 @@ use sqlx::Row;
 
 const DAG: &str = "etl";
 const RUN: &str = "manual__2026-11-30";
+
+const UP_FOR_RETRY: Effect = Effect::Fail {
+    state: FailState::UpForRetry,
+};
+const FAILED: Effect = Effect::Fail {
+    state: FailState::Failed,
+};
 
 fn cluster() -> &'static PgCluster {
     static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
@@ -124,16 +131,16 @@ fn commands() -> Vec<Command> {
 
 fn expected_outcomes() -> Vec<Outcome> {
     vec![
-        Outcome::Applied("up_for_retry"),
-        Outcome::Applied("failed"),
-        Outcome::Applied("failed"),
+        Outcome::Applied(UP_FOR_RETRY),
+        Outcome::Applied(FAILED),
+        Outcome::Applied(FAILED),
         Outcome::Skipped(Skip::Terminal("success".into())),
         Outcome::Skipped(Skip::NewerTry),
-        Outcome::Applied("up_for_retry"),
-        Outcome::Applied("transfer"),
-        Outcome::Applied("recorded"),
+        Outcome::Applied(UP_FOR_RETRY),
+        Outcome::Applied(Effect::Transfer { job_id: 7 }),
+        Outcome::Applied(Effect::Record),
         Outcome::Skipped(Skip::UnknownTi),
-        Outcome::Applied("recorded"),
+        Outcome::Applied(Effect::Record),
         Outcome::Skipped(Skip::NotAdoptable("scheduled".into())),
         Outcome::Skipped(Skip::Terminal("success".into())),
     ]
@@ -295,6 +302,185 @@ async fn every_rule_on_every_airflow_on_postgres() {
     }
 }
 
+/// A fail with `reason` and, when given, the container that ended with `terminated`.
+fn fail_with(reason: &str, terminated: Option<&str>) -> Kind {
+    Kind::Fail(Fail {
+        reason: reason.into(),
+        detail: String::new(),
+        terminated: terminated
+            .map(|reason| ContainerTerminated {
+                container: "base".into(),
+                exit_code: 1,
+                reason: reason.into(),
+            })
+            .into_iter()
+            .collect(),
+    })
+}
+
+/// A pod that fails while its TI is still `queued` failed before the task process started:
+/// the sink records `launch_failed` and leaves the TI to the executor's relaunch, unless the
+/// container's reason is excluded (`Error` by default, as in Airflow). A running TI fails as
+/// ever. On Airflow 3, a pod naming a TI UUID moves only the TI with that id.
+async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, name: &str) {
+    let (target, db) = prepared(airflow, postgres, name).await;
+    let ti = |task_id, state, max_tries| SeedTi {
+        task_id,
+        map_index: -1,
+        state: Some(state),
+        try_number: 1,
+        max_tries,
+    };
+    let dag = "launch";
+    let seeded = [
+        ti("queued_deleted", "queued", 0),
+        ti("queued_error", "queued", 0),
+        ti("queued_pull", "queued", 1),
+        ti("queued_pull_excluded", "queued", 0),
+        ti("running_deleted", "running", 1),
+        ti("running_last", "running", 0),
+        ti("by_id", "running", 1),
+        ti("other_id", "running", 1),
+    ];
+    for statement in target.seed_sql(dag, RUN, &seeded) {
+        sqlx::query(&statement).execute(&db.pool).await.unwrap();
+    }
+    let at = |task_id: &str| TaskKey {
+        dag_id: dag.into(),
+        ..key(task_id, -1, 1)
+    };
+    let stored_id = db.task_instance(&at("by_id")).await.unwrap().unwrap().id;
+    assert_eq!(
+        stored_id.is_some(),
+        airflow.is_3(),
+        "{name}: task_instance.id"
+    );
+    let with_id = |task_id: &str, id: &str| TaskKey {
+        task_instance_id: id.into(),
+        ..at(task_id)
+    };
+    let deleted = || fail_with("deleted_while_running", None);
+    let mut cases = vec![
+        (
+            command("l1", at("queued_deleted"), deleted()),
+            Outcome::Applied(Effect::LaunchFailed),
+            "queued",
+        ),
+        (
+            command(
+                "l2",
+                at("queued_error"),
+                fail_with("pod_failed", Some("Error")),
+            ),
+            Outcome::Applied(FAILED),
+            "failed",
+        ),
+        (
+            command(
+                "l3",
+                at("queued_pull"),
+                fail_with("fatal_pending:ErrImagePull", None),
+            ),
+            Outcome::Applied(Effect::LaunchFailed),
+            "queued",
+        ),
+        (
+            command("l4", at("running_deleted"), deleted()),
+            Outcome::Applied(UP_FOR_RETRY),
+            "up_for_retry",
+        ),
+        (
+            command("l5", at("running_last"), deleted()),
+            Outcome::Applied(FAILED),
+            "failed",
+        ),
+    ];
+    if let Some(id) = &stored_id {
+        let other = "0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
+        cases.push((
+            command("l6", with_id("by_id", id), deleted()),
+            Outcome::Applied(UP_FOR_RETRY),
+            "up_for_retry",
+        ));
+        cases.push((
+            command("l7", with_id("other_id", other), deleted()),
+            Outcome::Skipped(Skip::OtherInstance),
+            "running",
+        ));
+    }
+    let (commands, outcomes): (Vec<Command>, Vec<Outcome>) =
+        cases.iter().map(|(c, o, _)| (c.clone(), o.clone())).unzip();
+    assert_eq!(
+        db.apply_batch(&items(commands)).await.unwrap(),
+        outcomes,
+        "{name}"
+    );
+
+    // An operator who excludes image pulls too (as Airflow's option can): that fails at once.
+    let strict = Database::connect(&target.url).await.unwrap().with_policy(
+        Policy::with_launch_failure_excluded_reasons(" Error, ErrImagePull "),
+    );
+    let pull = command(
+        "l8",
+        at("queued_pull_excluded"),
+        fail_with("fatal_pending:ErrImagePull", None),
+    );
+    assert_eq!(
+        strict.apply_batch(&items(vec![pull])).await.unwrap(),
+        vec![Outcome::Applied(FAILED)],
+        "{name}"
+    );
+    drop(strict);
+
+    for (command, _, state) in &cases {
+        let task = command.task.as_ref().unwrap();
+        let row = db.task_instance(task).await.unwrap().unwrap();
+        assert_eq!(row.state, *state, "{name}: {}", task.task_id);
+    }
+    let launch_logs = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM log WHERE event = 'podstream_launch_failed'",
+    )
+    .await;
+    assert_eq!(
+        launch_logs, 2,
+        "{name}: each launch failure in Airflow's log"
+    );
+    let extra: String = sqlx::query(
+        "SELECT extra FROM log WHERE event = 'podstream_launch_failed' AND task_id = 'queued_pull'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+    .get(0);
+    assert!(
+        extra.contains("\"container_reason\":\"ErrImagePull\""),
+        "{name}: {extra}"
+    );
+    let recorded = count(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE outcome = 'launch_failed'",
+    )
+    .await;
+    assert_eq!(recorded, 2, "{name}: recorded in podstream_applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_execution_failures_and_ti_uuids_on_every_airflow_on_sqlite() {
+    for airflow in Airflow::all() {
+        let name = format!("l{}_sqlite", airflow.short().replace('.', ""));
+        pre_execution_failures_and_ti_uuids(airflow, false, &name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_execution_failures_and_ti_uuids_on_every_airflow_on_postgres() {
+    for airflow in Airflow::all() {
+        let name = format!("l{}_pg", airflow.short().replace('.', ""));
+        pre_execution_failures_and_ti_uuids(airflow, true, &name).await;
+    }
+}
+
 /// Applies `items` through `lanes` lanes, in small batches so a lane commits several.
 async fn through_lanes(db: &Database, items: &[Item], lanes: usize) -> Vec<Outcome> {
     let config = LaneConfig {
@@ -307,17 +493,21 @@ async fn through_lanes(db: &Database, items: &[Item], lanes: usize) -> Vec<Outco
 
 /// `podstream sink` applies over parallel lanes, one transaction at a time each, a TI always
 /// in the same lane: the result is the batch's, and a TI's commands keep their order (a TI
-/// transferred, then failed: the other way round, the transfer would find the TI no longer
-/// adoptable).
+/// transferred, then failed by a container that ended with `Error`, which fails even a queued
+/// TI: the other way round, the transfer would find the TI no longer adoptable).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_over_parallel_lanes_apply_as_one_batch_in_each_tis_order() {
     let (_target, db) = prepared(Airflow::line("2.10"), true, "split").await;
     let mut commands = commands();
-    commands.push(command("c13", key("moved", -1, 1), fail()));
+    commands.push(command(
+        "c13",
+        key("moved", -1, 1),
+        fail_with("pod_failed", Some("Error")),
+    ));
     let items = items(commands);
     let outcomes = through_lanes(&db, &items, 3).await;
     let mut expected = expected_outcomes();
-    expected.push(Outcome::Applied("up_for_retry"));
+    expected.push(Outcome::Applied(UP_FOR_RETRY));
     assert_eq!(outcomes, expected);
     let states = states(&db).await;
     let moved = states.iter().find(|(task, _, _)| task == "moved");
@@ -610,12 +800,12 @@ async fn a_command_the_database_refuses_is_dead_and_the_rest_of_its_batch_applie
         command("p2", key("no_retries", -1, 1), fail()),
     ]);
     let outcomes = db.apply_batch(&items).await.unwrap();
-    assert_eq!(outcomes[0], Outcome::Applied("up_for_retry"));
+    assert_eq!(outcomes[0], Outcome::Applied(UP_FOR_RETRY));
     assert!(
         matches!(&outcomes[1], Outcome::Dead(reason) if reason.contains("refused")),
         "{outcomes:?}"
     );
-    assert_eq!(outcomes[2], Outcome::Applied("failed"));
+    assert_eq!(outcomes[2], Outcome::Applied(FAILED));
     let applied = count(
         &db,
         "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
@@ -631,7 +821,7 @@ async fn a_command_the_database_refuses_is_dead_and_the_rest_of_its_batch_applie
 async fn on_sqlite_every_set_statement_reaches_rows_through_their_keys() {
     for airflow in Airflow::all() {
         let (_target, db) = prepared(airflow, false, "plans").await;
-        for (name, text) in db.sql.set.named() {
+        for (name, text) in db.sql.named() {
             let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {text}"))
                 .bind("[]")
                 .bind("2026-11-30 10:00:00.000000")
@@ -671,7 +861,7 @@ async fn on_postgres_the_applied_lookup_probes_the_key_as_the_table_grows() {
         .unwrap()
         .get(0);
     assert_eq!(mode, "force_custom_plan");
-    let (name, lookup) = db.sql.set.named()[0];
+    let (name, lookup) = db.sql.named()[0];
     assert_eq!(name, "applied_ids");
     sqlx::query(
         "INSERT INTO podstream_applied (command_id, stream_sequence, outcome, applied_at)

@@ -15,6 +15,7 @@ pub fn ti(try_number: i64) -> TaskKey {
         map_index: -1,
         try_number,
         logical_date: String::new(),
+        task_instance_id: String::new(),
     }
 }
 
