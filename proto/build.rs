@@ -5,6 +5,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/podstream/v1/podstream.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["proto"])?;
+    // The schema as a FileDescriptorSet, for readers that build their types at run time
+    // (podstream-airflow ships a copy, checked against this one by the tests).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("podstream.binpb"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
     let serde = "#[derive(serde::Serialize, serde::Deserialize)]";
     prost_build::Config::new()
         // Every type serializes: TaskKey and PodRef appear as-is in `podstream decide` output
@@ -15,6 +22,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .type_attribute(".podstream.v1.PodRef", "#[derive(PartialOrd, Ord)]")
         .field_attribute(
             ".podstream.v1.TaskKey.logical_date",
+            "#[serde(default, skip_serializing_if = \"String::is_empty\")]",
+        )
+        // Fields added after records were first kept as JSON: absent in older ones.
+        .field_attribute(
+            ".podstream.v1.Fail.container_reason",
             "#[serde(default, skip_serializing_if = \"String::is_empty\")]",
         )
         .field_attribute(

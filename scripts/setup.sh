@@ -10,9 +10,10 @@
 #                    linked as target/tools/bin/nats-server
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
 #                    tests start throwaway clusters with initdb/pg_ctl)
-#   Airflow          PyPI apache-airflow 2.10.5 and 3.1.8 with their cncf.kubernetes
-#                    providers in venvs, and their migrated metadata DBs cached
-#                    (scripts/airflow-db.sh)
+#   Airflow          PyPI apache-airflow, each release of sink/airflow-versions.tsv with its
+#                    cncf.kubernetes provider in a venv, and their migrated metadata DBs
+#                    cached (scripts/airflow-db.sh); podstream-airflow (this repo's executor
+#                    package, editable) with nats-py and pytest in each
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
@@ -59,3 +60,12 @@ echo "setup: $("$tools/bin/nats-server" --version)"
 
 # Airflow, and metadata DBs made by its own migrations (cached under target/airflow-db).
 "$root/scripts/airflow-db.sh"
+
+# podstream-airflow, the executor package, editable in every Airflow venv, with pytest: the
+# test suite runs its pytest suite there (tests/tests/podstream_airflow.rs).
+for venv in "$tools"/airflow-*/; do
+    if ! "$venv/bin/python" -c "from importlib.metadata import version; version('podstream-airflow'); version('pytest')" 2>/dev/null; then
+        echo "setup: installing podstream-airflow into $venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -e "$root/podstream-airflow[test]"
+    fi
+done

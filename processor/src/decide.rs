@@ -221,11 +221,11 @@ fn report_chosen<'e>(
         return;
     }
     let kind = match &chosen.current {
-        Outcome::Fail(failure) => Kind::Fail(v1::Fail {
-            reason: failure.reason.clone(),
-            detail: failure.detail.clone(),
-            terminated: failure.terminated.clone(),
-        }),
+        Outcome::Fail(failure) => Kind::Fail(v1::Fail::new(
+            failure.reason.clone(),
+            failure.detail.clone(),
+            failure.terminated.clone(),
+        )),
         Outcome::Completed => Kind::Completed(v1::Completed {}),
         Outcome::Running => Kind::Running(v1::Running {}),
         Outcome::Lost { reason } => Kind::Lost(v1::Lost {

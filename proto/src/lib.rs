@@ -18,5 +18,8 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/podstream.v1.rs"));
 }
 
+/// The schema, `podstream/v1/podstream.proto`, as an encoded `FileDescriptorSet`.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/podstream.binpb"));
+
 pub use task::FATAL_PENDING;
 pub use v1::{Command, PodEvent, PodRef, TaskKey};

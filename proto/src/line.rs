@@ -133,11 +133,11 @@ impl TryFrom<CommandLine> for Command {
             value.ok_or(LineError::Missing { kind, field })
         }
         let kind = match line.kind.as_str() {
-            "fail" => Kind::Fail(v1::Fail {
-                reason: need(line.reason, "fail", "reason")?,
-                detail: line.detail.unwrap_or_default(),
-                terminated: line.containers.unwrap_or_default(),
-            }),
+            "fail" => Kind::Fail(v1::Fail::new(
+                need(line.reason, "fail", "reason")?,
+                line.detail.unwrap_or_default(),
+                line.containers.unwrap_or_default(),
+            )),
             "completed" => Kind::Completed(v1::Completed {}),
             "running" => Kind::Running(v1::Running {}),
             "lost" => Kind::Lost(v1::Lost {
@@ -249,15 +249,15 @@ mod tests {
     #[test]
     fn every_kind_round_trips_through_its_line() {
         let kinds = [
-            Kind::Fail(v1::Fail {
-                reason: "pod_failed".into(),
-                detail: "base exited 1".into(),
-                terminated: vec![ContainerTerminated {
+            Kind::Fail(v1::Fail::new(
+                "pod_failed".into(),
+                "base exited 1".into(),
+                vec![ContainerTerminated {
                     container: "base".into(),
                     exit_code: 1,
                     reason: "Error".into(),
                 }],
-            }),
+            )),
             Kind::Completed(v1::Completed {}),
             Kind::Running(v1::Running {}),
             Kind::Lost(v1::Lost {

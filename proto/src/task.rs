@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::v1::{PodRef, TaskKey, command};
+use crate::v1::{ContainerTerminated, Fail, PodRef, TaskKey, command};
 
 /// The prefix of a fail's reason when a container waits for good: `fatal_pending:<Reason>`.
 pub const FATAL_PENDING: &str = "fatal_pending:";
@@ -13,6 +13,35 @@ impl TaskKey {
     /// a logical date, which the sink resolves.
     pub fn is_complete(&self) -> bool {
         !self.run_id.is_empty()
+    }
+}
+
+impl Fail {
+    /// A fail with `container_reason` filled in from the other fields.
+    pub fn new(reason: String, detail: String, terminated: Vec<ContainerTerminated>) -> Fail {
+        let mut fail = Fail {
+            reason,
+            detail,
+            terminated,
+            container_reason: String::new(),
+        };
+        fail.container_reason = fail
+            .provider_container_reason()
+            .unwrap_or_default()
+            .to_owned();
+        fail
+    }
+
+    /// The container reason as the cncf.kubernetes provider reads it: the first container
+    /// (init containers first) that ended with a non-zero exit code other than `Completed`;
+    /// else the waiting reason behind a `fatal_pending:<Reason>`.
+    pub fn provider_container_reason(&self) -> Option<&str> {
+        self.terminated
+            .iter()
+            .find(|c| c.exit_code != 0 && c.reason != "Completed")
+            .map(|c| c.reason.as_str())
+            .or_else(|| self.reason.strip_prefix(FATAL_PENDING))
+            .filter(|reason| !reason.is_empty())
     }
 }
 
@@ -96,6 +125,38 @@ mod tests {
             key("", -1).to_string(),
             "etl/load/2024-01-01T00:00:00+00:00#2"
         );
+    }
+
+    #[test]
+    fn the_container_reason_is_read_as_the_provider_reads_it() {
+        let ended = |container: &str, exit_code, reason: &str| ContainerTerminated {
+            container: container.into(),
+            exit_code,
+            reason: reason.into(),
+        };
+        let cases = [
+            (
+                "pod_failed",
+                vec![
+                    ended("init", 0, "Completed"),
+                    ended("base", 137, "OOMKilled"),
+                ],
+                "OOMKilled",
+            ),
+            (
+                "pod_failed",
+                vec![ended("init", 2, "Error"), ended("base", 1, "OOMKilled")],
+                "Error",
+            ),
+            ("pod_failed", vec![ended("base", 0, "Completed")], ""),
+            ("fatal_pending:ErrImagePull", vec![], "ErrImagePull"),
+            ("deleted_while_running", vec![], ""),
+        ];
+        for (reason, terminated, want) in cases {
+            let fail = Fail::new(reason.into(), String::new(), terminated);
+            assert_eq!(fail.container_reason, want, "{reason}");
+            assert_eq!(fail.provider_container_reason().unwrap_or_default(), want);
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use podstream_proto::v1::command::Kind;
 use sqlx::Connection;
 
 use crate::db::{Backend, Database, is_transient};
-use crate::guard::{self, Effect, Skip};
+use crate::guard::{Effect, Skip};
 
 /// A command and where it came from.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub(crate) fn log_entry(
             serde_json::json!({
                 "reason": fail.reason,
                 "detail": fail.detail,
-                "container_reason": guard::container_reason(fail),
+                "container_reason": fail.provider_container_reason(),
                 "left_to": "executor",
                 "pod": pod(),
                 "pod_uid": pod_uid(),

@@ -3,9 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use podstream_proto::v1::Fail;
+use podstream_proto::Command;
 use podstream_proto::v1::command::Kind;
-use podstream_proto::{Command, FATAL_PENDING};
 
 /// States a TI can be adopted from: only these move.
 pub const ADOPTABLE: [&str; 3] = ["queued", "running", "restarting"];
@@ -156,18 +155,6 @@ pub enum Verdict {
     Invalid(String),
 }
 
-/// The container reason of a failed pod, as the provider reads it: the first container
-/// (init containers first) that ended with a non-zero exit code other than `Completed`; else
-/// the waiting reason behind a `fatal_pending:<Reason>`.
-pub fn container_reason(fail: &Fail) -> Option<&str> {
-    fail.terminated
-        .iter()
-        .find(|c| c.exit_code != 0 && c.reason != "Completed")
-        .map(|c| c.reason.as_str())
-        .or_else(|| fail.reason.strip_prefix(FATAL_PENDING))
-        .filter(|reason| !reason.is_empty())
-}
-
 /// What `command` may do to the TI `row` (`None` when no TI has its key), under `policy`.
 pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdict {
     let Some(task) = &command.task else {
@@ -200,7 +187,8 @@ pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdi
     }
     match kind {
         Kind::Fail(fail) => {
-            let excluded = container_reason(fail)
+            let excluded = fail
+                .provider_container_reason()
                 .is_some_and(|r| policy.launch_failure_excluded_reasons.contains(r));
             if state == "queued" && !excluded {
                 return Verdict::Apply(Effect::LaunchFailed);

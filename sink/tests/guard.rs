@@ -61,18 +61,16 @@ fn with_id(mut command: Command, id: &str) -> Command {
 
 /// A fail whose reason is `reason`, with one container that ended with `container_reason`.
 fn fail_of(reason: &str, container_reason: Option<&str>) -> Kind {
-    Kind::Fail(Fail {
-        reason: reason.to_owned(),
-        detail: String::new(),
-        terminated: container_reason
-            .map(|r| ContainerTerminated {
-                container: "base".into(),
-                exit_code: 1,
-                reason: r.to_owned(),
-            })
-            .into_iter()
-            .collect(),
-    })
+    let terminated = container_reason.map(|r| ContainerTerminated {
+        container: "base".into(),
+        exit_code: 1,
+        reason: r.to_owned(),
+    });
+    Kind::Fail(Fail::new(
+        reason.to_owned(),
+        String::new(),
+        terminated.into_iter().collect(),
+    ))
 }
 
 fn fail() -> Kind {

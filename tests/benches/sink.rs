@@ -37,11 +37,11 @@ fn fail(i: usize) -> Item {
         }),
         owner: "1".into(),
         resource_version: "5".into(),
-        kind: Some(Kind::Fail(Fail {
-            reason: "pod_failed".into(),
-            detail: "base exited 1".into(),
-            terminated: vec![],
-        })),
+        kind: Some(Kind::Fail(Fail::new(
+            "pod_failed".into(),
+            "base exited 1".into(),
+            vec![],
+        ))),
     };
     Item {
         command,

@@ -79,6 +79,11 @@ impl Airflow {
         }
     }
 
+    /// The cached SQLite database `airflow db migrate` made (copy it before writing).
+    pub fn cached_sqlite(self) -> PathBuf {
+        self.cached("sqlite")
+    }
+
     /// The cached `pg_dump` of a database `airflow db migrate` made.
     pub fn cached_pg_dump(self) -> PathBuf {
         self.cached("pg.sql")
@@ -117,7 +122,7 @@ impl AirflowDb {
     pub fn sqlite(airflow: Airflow) -> AirflowDb {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let path = dir.path().join("airflow.db");
-        std::fs::copy(airflow.cached("sqlite"), &path)
+        std::fs::copy(airflow.cached_sqlite(), &path)
             .unwrap_or_else(|e| panic!("copying the cached database: {e}"));
         AirflowDb {
             url: format!("sqlite://{}", path.display()),

@@ -91,11 +91,11 @@ fn command(id: &str, task: TaskKey, kind: Kind) -> Command {
 }
 
 fn fail() -> Kind {
-    Kind::Fail(Fail {
-        reason: "pod_failed".into(),
-        detail: "base exited 1".into(),
-        terminated: vec![],
-    })
+    Kind::Fail(Fail::new(
+        "pod_failed".into(),
+        "base exited 1".into(),
+        vec![],
+    ))
 }
 
 fn commands() -> Vec<Command> {
@@ -304,18 +304,16 @@ async fn every_rule_on_every_airflow_on_postgres() {
 
 /// A fail with `reason` and, when given, the container that ended with `terminated`.
 fn fail_with(reason: &str, terminated: Option<&str>) -> Kind {
-    Kind::Fail(Fail {
+    let terminated = terminated.map(|reason| ContainerTerminated {
+        container: "base".into(),
+        exit_code: 1,
         reason: reason.into(),
-        detail: String::new(),
-        terminated: terminated
-            .map(|reason| ContainerTerminated {
-                container: "base".into(),
-                exit_code: 1,
-                reason: reason.into(),
-            })
-            .into_iter()
-            .collect(),
-    })
+    });
+    Kind::Fail(Fail::new(
+        reason.into(),
+        String::new(),
+        terminated.into_iter().collect(),
+    ))
 }
 
 /// A pod that fails while its TI is still `queued` failed before the task process started:

@@ -1,0 +1,119 @@
+"""The ``[podstream]`` section of ``airflow.cfg`` (each key also ``AIRFLOW__PODSTREAM__<KEY>``).
+
+| key | default | meaning |
+|---|---|---|
+| ``url`` | ``nats://127.0.0.1:4222`` | NATS server(s), comma-separated; ``tls://`` requires TLS |
+| ``subject_prefix`` | ``podstream`` | first token of podstream's subjects (``podstream --prefix``) |
+| ``consumer`` | ``podstream-airflow-<job id>`` | durable consumer name (one per scheduler job) |
+| ``creds_file`` | | NATS credentials file (JWT and nkey seed) |
+| ``nkey_file`` | | nkey seed file |
+| ``user``, ``password_file`` | | user and a file holding the password |
+| ``token_file`` | | file holding a token |
+| ``ca_file`` | | CA certificate to verify the server with |
+| ``cert_file``, ``key_file`` | | client certificate and key (mutual TLS) |
+| ``ack_wait_seconds`` | ``60`` | how long NATS waits for the executor to take a command before redelivering it |
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from podstream_airflow.wire import DEFAULT_PREFIX
+
+SECTION = "podstream"
+
+
+@dataclass(frozen=True)
+class PodstreamConfig:
+    """Where podstream's commands are and how to log in."""
+
+    #: Kept out of ``repr``: a URL may carry credentials.
+    servers: tuple = field(repr=False)
+    subject_prefix: str
+    consumer: str
+    creds_file: Optional[str] = None
+    nkey_file: Optional[str] = None
+    user: Optional[str] = None
+    password_file: Optional[str] = None
+    token_file: Optional[str] = None
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    ack_wait_seconds: float = 60.0
+
+    @classmethod
+    def read(cls, get: Callable[[str], Optional[str]], scheduler_job_id: str) -> "PodstreamConfig":
+        """The configuration ``get(key)`` gives (``None`` for an unset key), for one scheduler."""
+
+        def value(key: str) -> Optional[str]:
+            raw = get(key)
+            return raw.strip() if raw and raw.strip() else None
+
+        servers = tuple(s.strip() for s in (value("url") or "nats://127.0.0.1:4222").split(",") if s.strip())
+        ack_wait = value("ack_wait_seconds")
+        try:
+            ack_wait_seconds = float(ack_wait) if ack_wait else 60.0
+        except ValueError:
+            raise ValueError(f"[{SECTION}] ack_wait_seconds is {ack_wait!r}, not a number") from None
+        if (value("cert_file") is None) != (value("key_file") is None):
+            raise ValueError(f"[{SECTION}] cert_file and key_file go together (mutual TLS)")
+        return cls(
+            servers=servers,
+            subject_prefix=value("subject_prefix") or DEFAULT_PREFIX,
+            consumer=value("consumer") or f"podstream-airflow-{scheduler_job_id}",
+            creds_file=value("creds_file"),
+            nkey_file=value("nkey_file"),
+            user=value("user"),
+            password_file=value("password_file"),
+            token_file=value("token_file"),
+            ca_file=value("ca_file"),
+            cert_file=value("cert_file"),
+            key_file=value("key_file"),
+            ack_wait_seconds=ack_wait_seconds,
+        )
+
+    @classmethod
+    def from_airflow(cls, scheduler_job_id: str) -> "PodstreamConfig":
+        """The configuration in ``airflow.cfg`` and ``AIRFLOW__PODSTREAM__*``."""
+        from airflow.configuration import conf
+
+        return cls.read(lambda key: conf.get(SECTION, key, fallback=None), scheduler_job_id)
+
+    def servers_for_log(self) -> str:
+        """The servers with any credentials in a URL replaced, for logs."""
+        return ",".join(_redacted(s) for s in self.servers)
+
+    def connect_options(self) -> dict:
+        """Keyword arguments for ``nats.connect``: credentials are read from their files here,
+        never logged."""
+        options: dict[str, Any] = {"servers": list(self.servers)}
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        if self.nkey_file:
+            options["nkeys_seed"] = self.nkey_file
+        if self.user:
+            options["user"] = self.user
+            if self.password_file:
+                options["password"] = _read(self.password_file)
+        if self.token_file:
+            options["token"] = _read(self.token_file)
+        if self.ca_file or self.cert_file or any(s.startswith("tls://") for s in self.servers):
+            context = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file and self.key_file:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            options["tls"] = context
+        return options
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

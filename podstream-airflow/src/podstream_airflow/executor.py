@@ -1,0 +1,142 @@
+"""``PodstreamKubernetesExecutor``: the provider's ``KubernetesExecutor``, without its
+label-scoped pod watch.
+
+It launches pods exactly as the stock executor does (templates, labels, ``airflow-worker`` =
+the scheduler's job id). It starts no ``KubernetesJobWatcher``: podstream watches every worker
+pod once, decides what each event means, and its commands for this scheduler arrive from
+JetStream. Each command that matters to the scheduler becomes the event the stock watcher
+would have queued (``commands.meaning``) and goes on the executor's own watcher queue, so
+everything after that is Airflow's own code, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
+from google.protobuf.message import DecodeError
+
+from podstream_airflow.commands import Ignored, WatcherEvent, meaning
+from podstream_airflow.config import PodstreamConfig
+from podstream_airflow.consumer import CommandConsumer, Delivery
+from podstream_airflow.wire import decode_command
+
+#: Command ids remembered to recognize a redelivery (an ack that did not reach NATS).
+REMEMBERED_COMMANDS = 10_000
+
+
+class _SchedulerWithoutWatchers(kubernetes_executor_utils.AirflowKubernetesScheduler):
+    """The provider's pod launcher, with no ``KubernetesJobWatcher``: nothing to start, to
+    health-check or to terminate."""
+
+    def _make_kube_watchers(self) -> dict:
+        return {}
+
+
+@contextmanager
+def _launcher_without_watchers() -> Iterator[None]:
+    # ``KubernetesExecutor.start`` builds its launcher by name from this module, and the
+    # launcher starts its watchers in its constructor: the name is swapped for that one call.
+    stock = kubernetes_executor_utils.AirflowKubernetesScheduler
+    kubernetes_executor_utils.AirflowKubernetesScheduler = _SchedulerWithoutWatchers
+    try:
+        yield
+    finally:
+        kubernetes_executor_utils.AirflowKubernetesScheduler = stock
+
+
+class PodstreamKubernetesExecutor(KubernetesExecutor):
+    """A ``KubernetesExecutor`` that takes its pods' outcomes from podstream."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.podstream: Optional[CommandConsumer] = None
+        self._handled: "OrderedDict[str, None]" = OrderedDict()
+
+    def start(self) -> None:
+        """Starts the pod launcher (without watchers) and the podstream consumer."""
+        with _launcher_without_watchers():
+            super().start()
+        config = PodstreamConfig.from_airflow(self.scheduler_job_id)
+        self.podstream = CommandConsumer(config, self.scheduler_job_id)
+        self.podstream.start()
+
+    def sync(self) -> None:
+        """Feeds podstream's commands to the watcher queue, runs the stock sync, then acks."""
+        deliveries = self.podstream.take() if self.podstream else []
+        for delivery in deliveries:
+            self.take_command(delivery)
+        super().sync()
+        if self.podstream:
+            self.podstream.ack(deliveries)
+
+    def take_command(self, delivery: Delivery) -> Optional[KubernetesWatch]:
+        """Puts the event a command means on the watcher queue; returns it (``None`` when the
+        command changes nothing here: logged, and acked all the same)."""
+        try:
+            command = decode_command(delivery.payload)
+        except DecodeError as error:
+            self.log.warning("podstream: ignoring a message on %s that is not a command: %s", delivery.subject, error)
+            return None
+        if command.id in self._handled:
+            self.log.debug("podstream: command %s was handled already", command.id)
+            return None
+        self._remember(command.id)
+        what = meaning(command, self.scheduler_job_id)
+        if isinstance(what, Ignored):
+            self.log.info(
+                "podstream: %s for %s (pod %s): nothing to do here (%s)",
+                command.WhichOneof("kind"),
+                _ti(command),
+                command.pod.name,
+                what.reason,
+            )
+            return None
+        event = _watch(what)
+        self.log.info(
+            "podstream: %s for %s (pod %s) enters the executor as %s",
+            command.WhichOneof("kind"),
+            _ti(command),
+            event.pod_name,
+            event.state,
+        )
+        self.kube_scheduler.watcher_queue.put(event)
+        return event
+
+    def end(self) -> None:
+        """Stops the consumer, then the executor as the stock one stops."""
+        if self.podstream:
+            self.podstream.stop()
+        super().end()
+
+    def terminate(self) -> None:
+        """Stops the consumer, then terminates as the stock executor does."""
+        if self.podstream:
+            self.podstream.stop()
+        super().terminate()
+
+    def _remember(self, command_id: str) -> None:
+        self._handled[command_id] = None
+        while len(self._handled) > REMEMBERED_COMMANDS:
+            self._handled.popitem(last=False)
+
+
+def _watch(event: WatcherEvent) -> KubernetesWatch:
+    return KubernetesWatch(
+        event.pod_name,
+        event.namespace,
+        event.state,
+        event.annotations,
+        event.resource_version,
+        event.failure_details,
+    )
+
+
+def _ti(command: Any) -> str:
+    task = command.task
+    index = f"[{task.map_index}]" if task.map_index >= 0 else ""
+    return f"{task.dag_id}/{task.task_id}/{task.run_id or task.logical_date}{index}#{task.try_number}"

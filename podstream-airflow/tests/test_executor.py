@@ -1,0 +1,221 @@
+"""The executor with real parts: a real nats-server with JetStream, podstream's Kubernetes
+simulator, and Airflow's metadata DB made by Airflow's own migrations. podstream's test suite
+runs this file (tests/tests/podstream_airflow.rs) with:
+
+- ``PODSTREAM_BIN``: the ``podstream`` binary (for ``podstream sim``);
+- ``PODSTREAM_NATS_SERVER``: a ``nats-server`` binary;
+- ``PODSTREAM_AIRFLOW_DB``: a migrated SQLite metadata DB of this venv's Airflow (copied by
+  ``conftest.py`` before Airflow is imported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+NEEDED = ("PODSTREAM_BIN", "PODSTREAM_NATS_SERVER", "PODSTREAM_AIRFLOW_DB")
+pytestmark = pytest.mark.skipif(
+    any(name not in os.environ for name in NEEDED),
+    reason=f"needs {', '.join(NEEDED)} (podstream's test suite sets them)",
+)
+
+STREAM = "PODSTREAM_COMMANDS"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Nats:
+    """A nats-server with JetStream on a port of its own; stop and start keep its store."""
+
+    def __init__(self, store: Path):
+        self.port = free_port()
+        self.store = store
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [os.environ["PODSTREAM_NATS_SERVER"], "-js", "-sd", str(self.store), "-a", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: _accepts(self.port), what="nats-server")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run(coroutine):
+    return asyncio.new_event_loop().run_until_complete(coroutine)
+
+
+async def _create_stream(url: str):
+    import nats
+    from nats.js.api import StreamConfig
+
+    client = await nats.connect(url)
+    await client.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["podstream.commands.>"]))
+    await client.close()
+
+
+async def _publish(url: str, messages):
+    import nats
+
+    client = await nats.connect(url)
+    js = client.jetstream()
+    for subject, payload in messages:
+        await js.publish(subject, payload)
+    await client.close()
+
+
+async def _pending(url: str, consumer: str) -> tuple:
+    import nats
+
+    client = await nats.connect(url)
+    info = await client.jetstream().consumer_info(STREAM, consumer)
+    await client.close()
+    return info.num_pending, info.num_ack_pending
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A simulator and a nats-server, and Airflow configured to use them."""
+    kubeconfig = tmp_path / "kubeconfig"
+    sim = subprocess.Popen(
+        [os.environ["PODSTREAM_BIN"], "sim", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert sim.stdout is not None and sim.stdout.readline().startswith("listening on")
+    nats_server = Nats(tmp_path / "js")
+    nats_server.start()
+    # As podstream creates it when it starts.
+    run(_create_stream(nats_server.url))
+    for section, key, value in [
+        ("kubernetes_executor", "in_cluster", "False"),
+        ("kubernetes_executor", "config_file", str(kubeconfig)),
+        ("kubernetes_executor", "namespace", "airflow"),
+        ("podstream", "url", nats_server.url),
+        ("podstream", "ack_wait_seconds", "5"),
+    ]:
+        monkeypatch.setenv(f"AIRFLOW__{section.upper()}__{key.upper()}", value)
+    yield nats_server
+    nats_server.stop()
+    sim.terminate()
+    sim.wait(timeout=10)
+
+
+def started_executor(job_id: str = "7"):
+    from podstream_airflow import PodstreamKubernetesExecutor
+
+    executor = PodstreamKubernetesExecutor()
+    executor.job_id = job_id
+    executor.start()
+    return executor
+
+
+def key_of(cmd):
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import annotations_to_key
+
+    from podstream_airflow.commands import task_annotations
+
+    return annotations_to_key(task_annotations(cmd.task))
+
+
+def sync_until(executor, check, what):
+    def step():
+        executor.sync()
+        return check()
+
+    wait_for(step, what=what)
+
+
+def test_commands_enter_airflows_result_path_and_are_acked_after(world, make_command):
+    executor = started_executor()
+    try:
+        assert executor.kube_scheduler.kube_watchers == {}, "no label-scoped watcher"
+        failed = make_command("fail", task_id="load", reason="pod_failed", container_reason="Error")
+        moved = make_command("transfer", task_id="moved", owner="9", **{"from": "7", "to": "9"})
+        running = make_command("running", task_id="still")
+        for cmd in (failed, moved, running):
+            executor.running.add(key_of(cmd))
+        run(_publish(world.url, [
+            ("podstream.commands.7.uid-load", failed.SerializeToString()),
+            ("podstream.commands.7.uid-moved", moved.SerializeToString()),
+            ("podstream.commands.7.uid-still", running.SerializeToString()),
+            ("podstream.commands.7.garbage", b"\xff\xffnot protobuf"),
+        ]))
+        sync_until(executor, lambda: key_of(failed) in executor.event_buffer, "the fail in the event buffer")
+        state, _info = executor.event_buffer[key_of(failed)]
+        assert state == "failed"
+        assert key_of(failed) not in executor.running, "the slot of the failed TI is free"
+        assert key_of(moved) not in executor.running, "a transfer away frees the slot ..."
+        assert key_of(moved) not in executor.event_buffer, "... without an event, as ADOPTED"
+        assert key_of(running) in executor.running, "running changes nothing"
+        wait_for(lambda: run(_pending(world.url, "podstream-airflow-7")) == (0, 0), what="every command acked")
+    finally:
+        executor.end()
+
+
+def test_a_scheduler_restart_resumes_from_its_consumer(world, make_command):
+    first = started_executor()
+    wait_for(first.podstream.connected.is_set, what="the first consumer")
+    first.end()
+    later = make_command("fail", task_id="later", reason="deleted_while_running")
+    run(_publish(world.url, [("podstream.commands.7.uid-later", later.SerializeToString())]))
+    again = started_executor()
+    try:
+        again.running.add(key_of(later))
+        sync_until(again, lambda: key_of(later) in again.event_buffer, "the command sent while it was down")
+    finally:
+        again.end()
+
+
+def test_without_nats_the_scheduler_goes_on_and_catches_up(world, make_command, caplog):
+    world.stop()
+    caplog.set_level(logging.WARNING, logger="podstream_airflow.consumer")
+    executor = started_executor()
+    try:
+        for _ in range(5):
+            executor.sync()
+        wait_for(lambda: "the scheduler goes on" in caplog.text, what="one clear log line")
+        assert caplog.text.count("the scheduler goes on") == 1
+        world.start()
+        late = make_command("fail", task_id="late", reason="pod_failed")
+        executor.running.add(key_of(late))
+        run(_publish(world.url, [("podstream.commands.7.uid-late", late.SerializeToString())]))
+        sync_until(executor, lambda: key_of(late) in executor.event_buffer, "the command after the outage")
+    finally:
+        executor.end()
