@@ -6,11 +6,13 @@
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
+//! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
 
 pub mod backoff;
 pub mod connect;
 pub mod dead;
 pub mod local_server;
+pub mod role;
 pub mod streams;
 
 pub use backoff::Backoff;

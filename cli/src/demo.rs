@@ -365,7 +365,8 @@ async fn read_rows(db: &Database) -> anyhow::Result<BTreeMap<&'static str, TiRow
     Ok(rows)
 }
 
-/// Every command the processor published, in order.
+/// Every command the processor published, in order, once (not a transfer's copy for the
+/// previous owner).
 async fn read_commands(js: &jetstream::Context) -> anyhow::Result<Vec<Command>> {
     let Ok(mut stream) = js.get_stream("PODSTREAM_COMMANDS").await else {
         return Ok(Vec::new());
@@ -376,12 +377,15 @@ async fn read_commands(js: &jetstream::Context) -> anyhow::Result<Vec<Command>> 
         .await?;
     let mut messages = consumer.messages().await?;
     let mut commands = Vec::new();
-    while (commands.len() as u64) < total {
+    for _ in 0..total {
         let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await
         else {
             break;
         };
-        commands.push(Command::decode(message?.payload.as_ref())?);
+        let message = message?;
+        if !podstream_bus::role::is_left_notice(message.headers.as_ref()) {
+            commands.push(Command::decode(message.payload.as_ref())?);
+        }
     }
     Ok(commands)
 }

@@ -193,12 +193,15 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             {
                 continue;
             }
-            // --decide sees every pod of the task, also those --pod hides.
-            if entry.stream == "pods" && entry.role.as_deref() != Some(Role::Left.as_str()) {
+            // --decide sees every pod of the task, also those --pod hides; a previous owner's
+            // copy (`left`) is neither an event to decide nor a second command.
+            let left = entry.role.as_deref() == Some(Role::Left.as_str());
+            if entry.stream == "pods" && !left {
                 if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
                     replayed_events.push(event);
                 }
             } else if entry.stream == "commands"
+                && !left
                 && let Ok(command) = Command::decode(entry.payload.as_ref())
             {
                 recorded.push(command);

@@ -43,10 +43,8 @@ pub struct Outgoing {
 impl Outgoing {
     /// The JetStream message: payload, `Nats-Msg-Id` and the role header.
     pub fn to_publish(&self) -> async_nats::jetstream::message::PublishMessage {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(ROLE_HEADER, self.role.as_str());
         async_nats::jetstream::message::PublishMessage::build()
-            .headers(headers)
+            .headers(podstream_bus::role::headers(self.role))
             .payload(self.payload.clone())
             .message_id(&self.msg_id)
     }

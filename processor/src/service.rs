@@ -40,8 +40,9 @@ use podstream_bus::Backoff;
 use podstream_bus::dead::{self, DeadLetter};
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::PodEvent;
-use podstream_proto::subject::{ROLE_HEADER, Role, Stage, Subjects, encode_token};
+use podstream_proto::subject::{Role, Stage, Subjects, encode_token};
 use podstream_proto::v1::Command;
+use podstream_proto::v1::command::Kind;
 use prost::Message as _;
 use tracing::{debug, info, warn};
 
@@ -369,7 +370,7 @@ impl Worker {
     /// Sorts out notices and malformed messages; the rest is decided.
     async fn accept(&self, message: jetstream::Message) -> Accepted {
         let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
-        if is_notice(message.headers.as_ref()) {
+        if podstream_bus::role::is_left_notice(message.headers.as_ref()) {
             // The owner's side of a transfer: the event itself is on the new owner's subject.
             ack(&message).await;
             return Accepted::Done;
@@ -562,7 +563,7 @@ impl Worker {
                 break;
             }
             next = message.sequence + 1;
-            if is_notice(Some(&message.headers)) {
+            if podstream_bus::role::is_left_notice(Some(&message.headers)) {
                 continue;
             }
             if let Ok(event) = PodEvent::decode(message.payload.as_ref()) {
@@ -577,10 +578,26 @@ impl Worker {
         let mut acks = Vec::with_capacity(commands.len());
         for command in commands {
             let uid = command.pod.as_ref().map_or("", |p| p.uid.as_str());
+            let payload = Bytes::from(command.encode_to_vec());
+            // A transfer is also the previous owner's news (its executor frees the slot):
+            // a copy on its subject, marked `left`, which the sink does not apply again.
+            if let Some(Kind::Transfer(transfer)) = &command.kind
+                && transfer.from != command.owner
+            {
+                // Headers first: `headers` replaces the map `message_id` writes into.
+                let notice = jetstream::message::PublishMessage::build()
+                    .headers(podstream_bus::role::headers(Role::Left))
+                    .message_id(format!("{}:{}", command.id, Role::Left.as_str()))
+                    .payload(payload.clone());
+                let subject = self.subjects.commands(&transfer.from, uid);
+                let ack = self.js.send_publish(subject, notice).await;
+                acks.push(ack.map_err(|e| Retry::Publish(e.to_string()))?);
+            }
             let subject = self.subjects.commands(&command.owner, uid);
             let message = jetstream::message::PublishMessage::build()
+                .headers(podstream_bus::role::headers(Role::Event))
                 .message_id(&command.id)
-                .payload(Bytes::from(command.encode_to_vec()));
+                .payload(payload);
             let ack = self
                 .js
                 .send_publish(subject, message)
@@ -616,12 +633,6 @@ enum Accepted {
     Decide(Box<Delivery>),
     Done,
     Dead,
-}
-
-fn is_notice(headers: Option<&async_nats::HeaderMap>) -> bool {
-    headers
-        .and_then(|h| h.get(ROLE_HEADER))
-        .is_some_and(|role| role.as_str() == Role::Left.as_str())
 }
 
 async fn ack(message: &jetstream::Message) {

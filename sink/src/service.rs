@@ -133,6 +133,11 @@ pub async fn run(
                             continue;
                         }
                     };
+                    if podstream_bus::role::is_left_notice(message.headers.as_ref()) {
+                        // The previous owner's copy of a transfer: applied from the other.
+                        ack(&message).await;
+                        continue;
+                    }
                     let sequence = message.info().map(|i| i.stream_sequence).ok();
                     match Command::decode(message.payload.as_ref()) {
                         Ok(command) => lanes

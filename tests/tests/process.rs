@@ -93,7 +93,8 @@ async fn wait_for_commands(js: &jetstream::Context, n: u64) -> Vec<(String, Comm
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_relabel_is_one_transfer_to_the_new_owner_and_the_notice_is_not_decided() {
+async fn a_relabel_is_one_transfer_to_the_new_owner_told_to_the_old_and_the_notice_is_not_decided()
+{
     let nats = NatsServer::start();
     let mut feed = Feed::new(&nats.url()).await;
     feed.publish(vec![
@@ -109,18 +110,26 @@ async fn a_relabel_is_one_transfer_to_the_new_owner_and_the_notice_is_not_decide
     );
 
     let processor = start(&nats.url(), &[], 256);
-    let got = wait_for_commands(&feed.js, 3).await;
+    let got = wait_for_commands(&feed.js, 4).await;
     let stats = processor.stop().await;
-    let seen: Vec<(&str, &str)> = got.iter().map(|(s, c)| (s.as_str(), kind(c))).collect();
+    let stored = bus::read_all(&feed.js, COMMANDS).await;
+    let seen: Vec<(&str, &str, Option<&str>)> = got
+        .iter()
+        .zip(&stored)
+        .map(|((s, c), m)| (s.as_str(), kind(c), m.header("Podstream-Role")))
+        .collect();
     assert_eq!(
         seen,
         vec![
-            ("podstream.commands.1.uid-load", "running"),
-            ("podstream.commands.2.uid-load", "transfer"),
-            ("podstream.commands.2.uid-load", "completed"),
+            ("podstream.commands.1.uid-load", "running", Some("event")),
+            // The old owner's copy: its executor frees the slot; the sink skips it.
+            ("podstream.commands.1.uid-load", "transfer", Some("left")),
+            ("podstream.commands.2.uid-load", "transfer", Some("event")),
+            ("podstream.commands.2.uid-load", "completed", Some("event")),
         ]
     );
-    match &got[1].1.kind {
+    assert_eq!(got[1].1, got[2].1, "one command, on both owners' subjects");
+    match &got[2].1.kind {
         Some(Kind::Transfer(t)) => assert_eq!((t.from.as_str(), t.to.as_str()), ("1", "2")),
         other => panic!("expected a transfer, got {other:?}"),
     }
@@ -365,7 +374,8 @@ async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
     )
     .await;
     let one = start(&nats.url(), &["1"], 64);
-    let got = wait_for_commands(&feed.js, 3 * PODS_N).await;
+    // Each pod's transfer is on both owners' subjects.
+    let got = wait_for_commands(&feed.js, 4 * PODS_N).await;
     let (one, two) = (one.stop().await, two.stop().await);
     assert_eq!(one.decided + two.decided, 3 * PODS_N, "{one} / {two}");
 
@@ -379,6 +389,7 @@ async fn a_pods_events_stay_in_order_across_two_schedulers_consumers() {
     assert_eq!(per_pod.len() as u64, PODS_N);
     let expected = vec![
         ("running", "1".to_owned()),
+        ("transfer", "1".to_owned()),
         ("transfer", "2".to_owned()),
         ("completed", "2".to_owned()),
     ];

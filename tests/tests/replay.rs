@@ -78,23 +78,32 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
             let _ = stopped.await;
         },
     ));
-    // running, transfer, completed; fail (image); running, duplicate.
+    // running, transfer (and its copy for the previous owner), completed; fail (image);
+    // running, duplicate.
     bus::settle(
         &feed.js,
         "PODSTREAM_COMMANDS",
-        6,
+        7,
         Duration::from_millis(500),
         Duration::from_secs(60),
     )
     .await;
     let _ = stop.send(());
     processor.await.unwrap().unwrap();
-    let recorded: Vec<Command> = bus::read_all(&feed.js, "PODSTREAM_COMMANDS")
-        .await
+    let stored = bus::read_all(&feed.js, "PODSTREAM_COMMANDS").await;
+    let recorded: Vec<Command> = stored
         .iter()
         .map(|m| Command::decode(m.payload.as_ref()).unwrap())
         .collect();
-    assert_eq!(recorded.len(), 6);
+    assert_eq!(recorded.len(), 7);
+    let copies = stored
+        .iter()
+        .filter(|m| m.header("Podstream-Role") == Some("left"));
+    assert_eq!(
+        copies.count(),
+        1,
+        "the transfer's copy for the previous owner"
+    );
 
     let url = nats.url();
     let nats_url = url.clone();

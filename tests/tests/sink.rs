@@ -667,6 +667,28 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
             to: "scheduler-b".into(),
         }),
     );
+    // A transfer's copy for its previous owner (the processor's `left` notice): for that
+    // scheduler's executor; the sink applies the transfer from the other copy only.
+    let copy = command(
+        "c-left",
+        key("watched", -1, 1),
+        Kind::Transfer(Transfer {
+            from: "1".into(),
+            to: "2".into(),
+        }),
+    );
+    js.send_publish(
+        "podstream.commands.1.uid-watched",
+        jetstream::message::PublishMessage::build()
+            .headers(podstream_bus::role::headers(
+                podstream_proto::subject::Role::Left,
+            ))
+            .payload(copy.encode_to_vec().into()),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
     let fresh = command("c-fresh", key("twins", -1, 1), fail());
     publish(&js, &[bad, fresh]).await;
     // An id applied longer ago than the default retention (the stream's week and a day):
@@ -712,7 +734,12 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
         Some(&12),
         "{summary}"
     );
-    assert_eq!(summary.applied, 1, "{summary}");
+    assert_eq!(
+        summary.applied, 1,
+        "{summary}: the left copy is not applied"
+    );
+    let left = "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id = 'c-left'";
+    assert_eq!(count(&db, left).await, 0);
     assert_eq!(summary.dead_lettered, 2, "{summary}");
     assert_eq!(
         count(&db, logs).await,
