@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use podstream_sink::db::with_password;
+use podstream_sink::guard::{Policy, TaskFailures};
 
 /// Where the metadata DB is and how to log in.
 #[derive(Debug, Args)]
@@ -25,14 +26,43 @@ pub struct DbArgs {
         default_value = podstream_sink::guard::DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS
     )]
     pub launch_failure_excluded_reasons: String,
+    /// Who fails a task instance when its pod fails: `sink` (the schedulers run the stock
+    /// KubernetesExecutor) or `executor` (they run podstream_airflow.PodstreamKubernetesExecutor,
+    /// which takes the fail itself and runs Airflow's own retries and callbacks; the sink then
+    /// records fails and applies transfers only). A sink refuses to start while a consumer of
+    /// the commands stream declares the other.
+    #[arg(
+        long,
+        env = "PODSTREAM_TASK_FAILURES",
+        value_enum,
+        default_value_t = TaskFailuresArg::Sink
+    )]
+    pub task_failures: TaskFailuresArg,
+}
+
+/// `--task-failures`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TaskFailuresArg {
+    /// The sink fails task instances.
+    Sink,
+    /// The schedulers' PodstreamKubernetesExecutor fails them.
+    Executor,
+}
+
+impl From<TaskFailuresArg> for TaskFailures {
+    fn from(arg: TaskFailuresArg) -> TaskFailures {
+        match arg {
+            TaskFailuresArg::Sink => TaskFailures::Sink,
+            TaskFailuresArg::Executor => TaskFailures::Executor,
+        }
+    }
 }
 
 impl DbArgs {
     /// What the sink's guard applies beside the TI rows.
-    pub fn policy(&self) -> podstream_sink::guard::Policy {
-        podstream_sink::guard::Policy::with_launch_failure_excluded_reasons(
-            &self.launch_failure_excluded_reasons,
-        )
+    pub fn policy(&self) -> Policy {
+        Policy::with_launch_failure_excluded_reasons(&self.launch_failure_excluded_reasons)
+            .with_task_failures(self.task_failures.into())
     }
 
     /// The URL with the password from `PODSTREAM_DB_PASSWORD` or the password file.

@@ -219,3 +219,55 @@ def test_without_nats_the_scheduler_goes_on_and_catches_up(world, make_command, 
         sync_until(executor, lambda: key_of(late) in executor.event_buffer, "the command after the outage")
     finally:
         executor.end()
+
+
+async def _consumer_names(url: str) -> list:
+    import nats
+
+    client = await nats.connect(url)
+    infos = await client.jetstream().consumers_info(STREAM)
+    await client.close()
+    return sorted(info.name for info in infos)
+
+
+async def _declare_sink(url: str, task_failures: str):
+    import nats
+    from nats.js.api import ConsumerConfig
+
+    client = await nats.connect(url)
+    await client.jetstream().add_consumer(
+        STREAM,
+        ConsumerConfig(
+            durable_name="podstream-sink",
+            filter_subject="podstream.commands.>",
+            metadata={"podstream.task_failures": task_failures},
+        ),
+    )
+    await client.close()
+
+
+def test_beside_a_sink_that_fails_tasks_the_executor_refuses(world):
+    from podstream_airflow.executor import PodstreamConflict
+
+    run(_declare_sink(world.url, "sink"))
+    executor = started_executor()
+    try:
+        wait_for(lambda: executor.podstream.refusal is not None, what="the refusal")
+        assert "--task-failures executor" in executor.podstream.refusal
+        with pytest.raises(PodstreamConflict, match="podstream-sink"):
+            executor.sync()
+        assert run(_consumer_names(world.url)) == ["podstream-sink"], "a refused executor declares nothing"
+    finally:
+        executor.end()
+
+
+def test_beside_a_sink_that_leaves_fails_to_executors_it_runs(world, make_command):
+    run(_declare_sink(world.url, "executor"))
+    executor = started_executor()
+    try:
+        wait_for(executor.podstream.connected.is_set, what="the consumer")
+        assert executor.podstream.refusal is None
+        executor.sync()
+    finally:
+        executor.end()
+

@@ -394,7 +394,8 @@ impl Database {
         let now = crate::apply::sqlite_now();
         let applied = self.applied_ids(tx, items).await?;
         let mut rows = self.ti_rows(tx, items).await?;
-        let mut launch_failed = Vec::new();
+        // Effects that write a `log` row and leave the TI as it is.
+        let mut logged_only = Vec::new();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
         let mut seen: HashSet<&str> = HashSet::new();
         let mut round: Vec<Update> = Vec::new();
@@ -418,9 +419,9 @@ impl Database {
                 Verdict::Apply(Effect::Record) => {
                     outcomes[index] = Some(Outcome::Applied(Effect::Record))
                 }
-                Verdict::Apply(Effect::LaunchFailed) => {
-                    outcomes[index] = Some(Outcome::Applied(Effect::LaunchFailed));
-                    launch_failed.push((index, Effect::LaunchFailed));
+                Verdict::Apply(effect @ (Effect::LaunchFailed | Effect::LeftToExecutor)) => {
+                    outcomes[index] = Some(Outcome::Applied(effect.clone()));
+                    logged_only.push((index, effect));
                 }
                 Verdict::Apply(effect) => {
                     if !round_keys.insert(key.clone()) {
@@ -444,7 +445,7 @@ impl Database {
         }
         self.run_round(tx, items, round, &mut outcomes, &now)
             .await?;
-        self.insert_logs(tx, items, &launch_failed, &now).await?;
+        self.insert_logs(tx, items, &logged_only, &now).await?;
         let outcomes: Vec<Outcome> = outcomes
             .into_iter()
             .map(|o| o.unwrap_or(Outcome::Dead("not decided".into())))
@@ -567,7 +568,7 @@ impl Database {
             match update.effect {
                 Effect::Fail { state } => fails.push(row(Some(state.name()), None)),
                 Effect::Transfer { job_id } => transfers.push(row(None, Some(job_id))),
-                Effect::LaunchFailed | Effect::Record => {}
+                Effect::LaunchFailed | Effect::LeftToExecutor | Effect::Record => {}
             }
         }
         let mut done: HashSet<Key> = HashSet::new();

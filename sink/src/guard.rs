@@ -16,12 +16,37 @@ pub const TERMINAL: [&str; 5] = ["success", "failed", "skipped", "upstream_faile
 /// a container that ended with `Error` started the worker, so its failure is the task's.
 pub const DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS: &str = "Error";
 
+/// Who moves a task instance to `up_for_retry` or `failed` when its pod fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskFailures {
+    /// The sink: the schedulers run the stock executor, which cannot tell a relabel from a
+    /// deletion; podstream's decision is written to the TI.
+    #[default]
+    Sink,
+    /// The schedulers' executors (`PodstreamKubernetesExecutor`), which take podstream's
+    /// commands and run Airflow's own handling (retries, callbacks, relaunches): the sink
+    /// records each fail and leaves the TI to them, so no failure is applied twice.
+    Executor,
+}
+
+impl TaskFailures {
+    /// The name, as flags and consumer metadata spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskFailures::Sink => "sink",
+            TaskFailures::Executor => "executor",
+        }
+    }
+}
+
 /// The settings the guard applies beside the TI row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// Container reasons for which a failed pod of a `queued` TI fails the TI at once rather
     /// than being left to the executor's relaunch (`pod_launch_failure_excluded_container_reasons`).
     pub launch_failure_excluded_reasons: BTreeSet<String>,
+    /// Who fails task instances.
+    pub task_failures: TaskFailures,
 }
 
 impl Policy {
@@ -35,6 +60,15 @@ impl Policy {
                 .filter(|r| !r.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            task_failures: TaskFailures::default(),
+        }
+    }
+
+    /// This policy with `task_failures`.
+    pub fn with_task_failures(self, task_failures: TaskFailures) -> Policy {
+        Policy {
+            task_failures,
+            ..self
         }
     }
 }
@@ -122,6 +156,8 @@ pub enum Effect {
     /// The pod of a `queued` TI failed before the task process started: a `log` row, and the
     /// TI is left to the executor, which relaunches it without spending a retry.
     LaunchFailed,
+    /// The schedulers' executors fail TIs ([`TaskFailures::Executor`]): a `log` row only.
+    LeftToExecutor,
     /// `queued_by_job_id` and `external_executor_id` := the new owner.
     Transfer {
         /// The new owner as a job id.
@@ -133,11 +169,12 @@ pub enum Effect {
 
 impl Effect {
     /// The effect as counted and recorded: `up_for_retry`, `failed`, `launch_failed`,
-    /// `transfer`, `recorded`.
+    /// `left_to_executor`, `transfer`, `recorded`.
     pub fn name(&self) -> &'static str {
         match self {
             Effect::Fail { state } => state.name(),
             Effect::LaunchFailed => "launch_failed",
+            Effect::LeftToExecutor => "left_to_executor",
             Effect::Transfer { .. } => "transfer",
             Effect::Record => "recorded",
         }
@@ -186,6 +223,9 @@ pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdi
         return Verdict::Skip(Skip::NotAdoptable(state));
     }
     match kind {
+        Kind::Fail(_) if policy.task_failures == TaskFailures::Executor => {
+            Verdict::Apply(Effect::LeftToExecutor)
+        }
         Kind::Fail(fail) => {
             let excluded = fail
                 .provider_container_reason()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams::{self, StreamSettings};
@@ -19,6 +19,7 @@ use prost::Message as _;
 
 use crate::apply::{Item, Outcome};
 use crate::db::Database;
+use crate::guard::TaskFailures;
 use crate::lanes::{Applied, LaneConfig, Lanes};
 use crate::summary::Summary;
 
@@ -67,6 +68,59 @@ impl Default for SinkConfig {
     }
 }
 
+/// The consumer metadata key in which every consumer of the commands stream that acts on
+/// failures says who fails task instances: `sink` or `executor` (podstream-airflow's
+/// executors write `executor`).
+pub const TASK_FAILURES_METADATA: &str = "podstream.task_failures";
+
+/// Why the sink does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Another consumer of the commands stream says another party fails task instances.
+    #[error(
+        "consumer {consumer} on {stream} says task failures belong to the {theirs}, and this sink would fail task instances as the {ours}: a failure would be applied twice. Start the sink with --task-failures {theirs}, or remove that consumer (`nats consumer rm {stream} {consumer}`) if nothing uses it any more"
+    )]
+    SecondFailureOwner {
+        /// The other consumer.
+        consumer: String,
+        /// The stream.
+        stream: String,
+        /// What it says.
+        theirs: String,
+        /// What this sink would do.
+        ours: &'static str,
+    },
+}
+
+/// Refuses to start when a consumer other than `own` declares another owner of task failures.
+async fn refuse_a_second_failure_owner(
+    stream: &jetstream::stream::Stream,
+    own: &str,
+    ours: TaskFailures,
+) -> anyhow::Result<()> {
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers
+        .try_next()
+        .await
+        .context("listing the consumers of the commands stream")?
+    {
+        let theirs = info.config.metadata.get(TASK_FAILURES_METADATA);
+        if info.name != own
+            && let Some(theirs) = theirs
+            && theirs != ours.name()
+        {
+            return Err(StartError::SecondFailureOwner {
+                consumer: info.name.clone(),
+                stream: info.stream_name.clone(),
+                theirs: theirs.clone(),
+                ours: ours.name(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Runs until `shutdown` resolves; what the lanes hold is applied and acked first.
 pub async fn run(
     config: SinkConfig,
@@ -84,18 +138,23 @@ pub async fn run(
         .get_stream(&stream_name)
         .await
         .context("opening the commands stream")?;
+    let task_failures = db.policy.task_failures;
+    refuse_a_second_failure_owner(&stream, &config.consumer, task_failures).await?;
+    // Created or updated: the consumer declares who fails TIs, for the executors to check.
     let consumer = stream
-        .get_or_create_consumer(
-            &config.consumer,
-            pull::Config {
-                durable_name: Some(config.consumer.clone()),
-                filter_subject: subjects.commands_filter(None),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: 20_000,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(config.consumer.clone()),
+            filter_subject: subjects.commands_filter(None),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 20_000,
+            metadata: [(
+                TASK_FAILURES_METADATA.to_owned(),
+                task_failures.name().to_owned(),
+            )]
+            .into(),
+            ..Default::default()
+        })
         .await
         .context("creating the sink consumer")?;
     let pruner = config

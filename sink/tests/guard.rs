@@ -7,7 +7,9 @@ use podstream_proto::v1::{
     Completed, ContainerTerminated, Duplicate, Fail, Lost, Running, Transfer,
 };
 use podstream_proto::{Command, TaskKey};
-use podstream_sink::guard::{Effect, FailState, Policy, Skip, TiRow, Verdict, verdict};
+use podstream_sink::guard::{
+    Effect, FailState, Policy, Skip, TaskFailures, TiRow, Verdict, verdict,
+};
 
 const UP_FOR_RETRY: Effect = Effect::Fail {
     state: FailState::UpForRetry,
@@ -277,6 +279,58 @@ fn the_guard_table() {
         verdict(&keyless, None, &Policy::default()),
         Invalid(_)
     ));
+}
+
+/// Where the schedulers' executors fail task instances, the sink leaves every fail to them
+/// (recorded) and still applies transfers; the TI guards hold as ever.
+#[test]
+fn with_executors_failing_tasks_the_sink_leaves_fails_to_them() {
+    let executor = Policy::default().with_task_failures(TaskFailures::Executor);
+    let table = [
+        (
+            "running",
+            command(1, fail()),
+            ti(Some("running"), 1, 2),
+            Verdict::Apply(Effect::LeftToExecutor),
+        ),
+        (
+            "queued",
+            command(1, fail()),
+            ti(Some("queued"), 1, 0),
+            Verdict::Apply(Effect::LeftToExecutor),
+        ),
+        (
+            "terminal",
+            command(1, fail()),
+            ti(Some("success"), 1, 0),
+            Verdict::Skip(Skip::Terminal("success".into())),
+        ),
+        (
+            "newer try",
+            command(1, fail()),
+            ti(Some("running"), 2, 2),
+            Verdict::Skip(Skip::NewerTry),
+        ),
+        (
+            "transfer",
+            command(
+                1,
+                Kind::Transfer(Transfer {
+                    from: "1".into(),
+                    to: "7".into(),
+                }),
+            ),
+            ti(Some("running"), 1, 0),
+            Verdict::Apply(Effect::Transfer { job_id: 7 }),
+        ),
+    ];
+    for (name, command, row, expected) in table {
+        assert_eq!(
+            verdict(&command, row.as_ref(), &executor),
+            expected,
+            "{name}"
+        );
+    }
 }
 
 /// The excluded reasons are read as Airflow reads its option: comma-separated, each trimmed.

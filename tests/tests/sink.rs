@@ -11,7 +11,7 @@ use async_nats::jetstream;
 use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Completed, ContainerTerminated, Duplicate, Fail, Running, Transfer};
 use podstream_proto::{Command, PodRef, TaskKey};
-use podstream_sink::guard::{Effect, FailState, Policy, Skip};
+use podstream_sink::guard::{Effect, FailState, Policy, Skip, TaskFailures};
 use podstream_sink::lanes::LaneConfig;
 use podstream_sink::service::{self, SinkConfig};
 use podstream_sink::{Database, Item, Outcome};
@@ -620,6 +620,98 @@ fn start_sink(
         .unwrap()
     });
     (task, stop)
+}
+
+/// Where the schedulers run PodstreamKubernetesExecutor (its consumer says so), a sink that
+/// would fail task instances itself refuses to start; one started with `--task-failures
+/// executor` records each fail and leaves the TI to the executor, and applies transfers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_executors_that_fail_tasks_the_sink_only_records_fails() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("podstream-airflow-7".into()),
+            filter_subject: "podstream.commands.7.*".into(),
+            metadata: [(
+                service::TASK_FAILURES_METADATA.to_owned(),
+                "executor".to_owned(),
+            )]
+            .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (_target, db) = prepared(Airflow::line("3.1"), false, "modes").await;
+
+    let sink_mode = service::run(
+        SinkConfig {
+            nats_url: nats.url(),
+            ..SinkConfig::default()
+        },
+        db.clone(),
+        std::future::pending(),
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(30), sink_mode)
+        .await
+        .expect("the sink refuses at once, it does not run")
+        .expect_err("a sink that fails TIs beside executors that do");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("podstream-airflow-7") && message.contains("--task-failures executor"),
+        "{message}"
+    );
+
+    let db = db.with_policy(Policy::default().with_task_failures(TaskFailures::Executor));
+    publish(
+        &js,
+        &[
+            command("e1", key("retry", -1, 1), fail()),
+            command(
+                "e2",
+                key("moved", -1, 1),
+                Kind::Transfer(Transfer {
+                    from: "1".into(),
+                    to: "7".into(),
+                }),
+            ),
+        ],
+    )
+    .await;
+    let (task, stop) = start_sink(&nats.url(), db.clone());
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id IN ('e1', 'e2')",
+        2,
+    )
+    .await;
+    let _ = stop.send(());
+    let summary = task.await.unwrap();
+    assert_eq!(summary.applied, 2, "{summary}");
+    let retry = db
+        .task_instance(&key("retry", -1, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        retry.state, "running",
+        "the fail is the executor's to apply"
+    );
+    let moved = db
+        .task_instance(&key("moved", -1, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(moved.queued_by_job_id, Some(7), "transfers still apply");
+    let outcome: String =
+        sqlx::query("SELECT outcome FROM podstream_applied WHERE command_id = 'e1'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            .get(0);
+    assert_eq!(outcome, "left_to_executor");
 }
 
 async fn wait_for(db: &Database, sql: &str, want: i64) {

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 INBOX_LIMIT = 1000
 #: Commands per fetch.
 FETCH_BATCH = 100
+#: The consumer metadata key in which every consumer of podstream's commands that acts on
+#: failures says who fails task instances (podstream's sink writes ``sink`` or ``executor``).
+TASK_FAILURES_METADATA = "podstream.task_failures"
+#: An executor's consumer outlives its scheduler job by this much, then NATS removes it.
+INACTIVE_THRESHOLD_SECONDS = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class CommandConsumer:
         self._ready = threading.Event()
         #: Set while a subscription is live (for tests and health).
         self.connected = threading.Event()
+        #: Why this executor must not take commands (a sink fails task instances too).
+        self.refusal: Optional[str] = None
 
     def start(self) -> None:
         """Starts the thread; returns at once (NATS may be unreachable)."""
@@ -75,7 +82,7 @@ class CommandConsumer:
     def ack(self, deliveries: list) -> None:
         """Acks ``deliveries`` (handled by the executor); one that cannot be acked now is
         delivered again later, which the executor recognizes."""
-        if not deliveries or self._loop is None:
+        if not deliveries or self._loop is None or self._loop.is_closed():
             return
         future = asyncio.run_coroutine_threadsafe(self._ack(deliveries), self._loop)
         try:
@@ -85,8 +92,11 @@ class CommandConsumer:
 
     def stop(self) -> None:
         """Stops fetching and closes the connection."""
-        if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
+        if self._loop is not None and self._stopping is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: the thread has ended
         if self._thread is not None:
             self._thread.join(timeout=15)
 
@@ -124,6 +134,11 @@ class CommandConsumer:
                     **self.config.connect_options(),
                 )
                 js = client.jetstream()
+                # Checked before this consumer declares itself: a refused executor leaves none.
+                self.refusal = await self._second_failure_owner(js)
+                if self.refusal:
+                    log.error("podstream: %s", self.refusal)
+                    return
                 subscription = await js.pull_subscribe(
                     self.subject,
                     durable=self.config.consumer,
@@ -132,6 +147,8 @@ class CommandConsumer:
                         deliver_policy=DeliverPolicy.ALL,
                         ack_wait=self.config.ack_wait_seconds,
                         max_ack_pending=INBOX_LIMIT * 2,
+                        inactive_threshold=INACTIVE_THRESHOLD_SECONDS,
+                        metadata={TASK_FAILURES_METADATA: "executor"},
                     ),
                 )
                 self.connected.set()
@@ -167,6 +184,20 @@ class CommandConsumer:
                 if client is not None and not client.is_closed:
                     await client.close()
         self.connected.clear()
+
+    async def _second_failure_owner(self, js: Any) -> Optional[str]:
+        """Why this executor must not act: a consumer of the same stream that says the sink
+        fails task instances (a failure would be applied twice)."""
+        stream = await js.find_stream_name_by_subject(self.subject)
+        for info in await js.consumers_info(stream):
+            theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
+            if info.name != self.config.consumer and theirs not in (None, "executor"):
+                return (
+                    f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
+                    "and this PodstreamKubernetesExecutor fails task instances itself: a failure "
+                    "would be applied twice. Run podstream's sink with --task-failures executor."
+                )
+        return None
 
     async def _fetch(self, subscription: Any) -> None:
         assert self._stopping is not None

@@ -29,6 +29,10 @@ from podstream_airflow.wire import decode_command
 REMEMBERED_COMMANDS = 10_000
 
 
+class PodstreamConflict(RuntimeError):
+    """podstream's sink fails task instances too: this executor refuses to run beside it."""
+
+
 class _SchedulerWithoutWatchers(kubernetes_executor_utils.AirflowKubernetesScheduler):
     """The provider's pod launcher, with no ``KubernetesJobWatcher``: nothing to start, to
     health-check or to terminate."""
@@ -67,6 +71,8 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
 
     def sync(self) -> None:
         """Feeds podstream's commands to the watcher queue, runs the stock sync, then acks."""
+        if self.podstream and self.podstream.refusal:
+            raise PodstreamConflict(self.podstream.refusal)
         deliveries = self.podstream.take() if self.podstream else []
         for delivery in deliveries:
             self.take_command(delivery)
