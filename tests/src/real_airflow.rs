@@ -41,6 +41,16 @@ impl Dags {
     }
 }
 
+/// Which executor the schedulers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Executor {
+    /// The provider's `KubernetesExecutor`, watching its pods by label.
+    Stock,
+    /// `podstream_airflow.PodstreamKubernetesExecutor`, with `podstream run
+    /// --task-failures executor` on a nats-server of its own.
+    Podstream,
+}
+
 /// One task instance as the metadata DB holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TiRow {
@@ -244,10 +254,12 @@ fn pod_summary(event: &Value) -> String {
     summary
 }
 
-/// A real Airflow with the stock KubernetesExecutor on `podstream sim --kubelet`.
+/// A real Airflow on `podstream sim --kubelet`, with the stock executor or podstream's.
 pub struct RealAirflow {
     /// Which release.
     pub airflow: Airflow,
+    /// Which executor its schedulers run.
+    pub executor: Executor,
     /// The simulator's kubeconfig.
     pub kubeconfig: PathBuf,
     /// Where callbacks leave their markers.
@@ -255,6 +267,8 @@ pub struct RealAirflow {
     pg: PgCluster,
     env: Vec<(String, String)>,
     sim: Option<Service>,
+    nats: Option<crate::nats::NatsServer>,
+    podstream: Option<Service>,
     components: Vec<Service>,
     recorder: Option<Recorder>,
     dir: tempfile::TempDir,
@@ -266,6 +280,15 @@ impl RealAirflow {
     /// # Panics
     /// When anything fails to start: the test cannot go on without it.
     pub fn start(airflow: Airflow, dags: Dags) -> RealAirflow {
+        RealAirflow::start_with(airflow, dags, Executor::Stock)
+    }
+
+    /// Starts PostgreSQL, the simulator with its kubelet, for [`Executor::Podstream`] a
+    /// nats-server and `podstream run`, and Airflow's components with `executor`.
+    ///
+    /// # Panics
+    /// When anything fails to start: the test cannot go on without it.
+    pub fn start_with(airflow: Airflow, dags: Dags, executor: Executor) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pg = PgCluster::start();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
@@ -275,19 +298,32 @@ impl RealAirflow {
         for folder in [&markers, &home] {
             std::fs::create_dir_all(folder).unwrap_or_else(|e| panic!("{e}"));
         }
-        let env = environment(airflow, dags, &pg, &kubeconfig, &markers, &home);
+        let mut env = environment(airflow, dags, &pg, &kubeconfig, &markers, &home);
+        let nats = (executor == Executor::Podstream).then(crate::nats::NatsServer::start);
+        if let Some(nats) = &nats {
+            env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");
+            env.push((
+                "AIRFLOW__CORE__EXECUTOR".to_owned(),
+                "podstream_airflow.PodstreamKubernetesExecutor".to_owned(),
+            ));
+            env.push(("AIRFLOW__PODSTREAM__URL".to_owned(), nats.url()));
+        }
         let mut real = RealAirflow {
             airflow,
+            executor,
             kubeconfig,
             markers,
             pg,
             env,
             sim: None,
+            nats,
+            podstream: None,
             components: Vec::new(),
             recorder: None,
             dir,
         };
         real.start_sim();
+        real.start_podstream();
         real.recorder = Some(Recorder::start(&real.kubeconfig));
         for component in airflow.components() {
             real.start_component(component);
@@ -323,6 +359,28 @@ impl RealAirflow {
         self.sim = Some(sim);
     }
 
+    /// `podstream run --task-failures executor` on the nats-server, the simulator and the
+    /// metadata DB, when the schedulers run podstream's executor.
+    fn start_podstream(&mut self) {
+        let Some(nats) = &self.nats else {
+            return;
+        };
+        let mut command = Command::new(podstream_binary());
+        command
+            .args([
+                "run",
+                "--task-failures",
+                "executor",
+                "--namespaces",
+                "airflow",
+            ])
+            .args(["--nats", &nats.url(), "--db", &self.pg.url(DATABASE)])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join("podstream-run.log");
+        self.podstream = Some(Service::spawn("podstream run", command, log));
+    }
+
     /// Starts one Airflow component (`scheduler`, `api-server`, `dag-processor`); its index.
     pub fn start_component(&mut self, component: &str) -> usize {
         let log = self
@@ -339,6 +397,14 @@ impl RealAirflow {
         let index = self.components.len() - 1;
         self.note(format!("started {component} #{index}"));
         index
+    }
+
+    /// The whole log of the first component of that name (empty when there is none).
+    pub fn log_of(&self, name: &str) -> String {
+        self.component(name)
+            .and_then(|i| self.components.get(i))
+            .and_then(|c| std::fs::read_to_string(&c.log).ok())
+            .unwrap_or_default()
     }
 
     /// The index of the first component of that name.
@@ -532,6 +598,7 @@ impl RealAirflow {
     pub fn logs(&self) -> String {
         self.sim
             .iter()
+            .chain(&self.podstream)
             .chain(&self.components)
             .map(|s| s.tail(30))
             .collect::<Vec<_>>()
@@ -544,6 +611,9 @@ impl Drop for RealAirflow {
         self.recorder = None;
         for component in self.components.iter_mut().rev() {
             component.stop();
+        }
+        if let Some(podstream) = self.podstream.as_mut() {
+            podstream.stop();
         }
         if let Some(sim) = self.sim.as_mut() {
             sim.stop();

@@ -1,13 +1,15 @@
-//! A real Airflow scheduler of each release, with the stock KubernetesExecutor, runs DAGs on
-//! `podstream sim --kubelet` alone, on PostgreSQL: tasks succeed, a failing task retries and
-//! ends failed, each callback runs once, and the worker pods are deleted.
+//! A real Airflow scheduler of each release runs DAGs on `podstream sim --kubelet`, on
+//! PostgreSQL, with the stock KubernetesExecutor alone, and with podstream-airflow's
+//! PodstreamKubernetesExecutor taking its pods' outcomes from `podstream run`: either way,
+//! tasks succeed, a failing task retries and ends failed, each callback runs once, and the
+//! worker pods are deleted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
 use podstream_tests::airflow::Airflow;
-use podstream_tests::real_airflow::{Dags, RealAirflow, TiRow};
+use podstream_tests::real_airflow::{Dags, Executor, RealAirflow, TiRow};
 
 const DAG: &str = "podstream_checks";
 
@@ -20,7 +22,11 @@ fn ti(task_id: &str, state: &str, try_number: i64) -> TiRow {
 }
 
 fn runs_the_dags(airflow: Airflow) {
-    let real = RealAirflow::start(airflow, Dags::Checks);
+    runs_the_dags_with(airflow, Executor::Stock);
+}
+
+fn runs_the_dags_with(airflow: Airflow, executor: Executor) {
+    let real = RealAirflow::start_with(airflow, Dags::Checks, executor);
     let state = real.wait_for_run(DAG, Duration::from_secs(240));
     let version = airflow.short();
     assert_eq!(
@@ -49,10 +55,30 @@ fn runs_the_dags(airflow: Airflow) {
         ],
         "Airflow {version}: one callback per event"
     );
+    let log = real.log_of("scheduler");
+    if executor == Executor::Stock {
+        assert!(
+            log.contains("and now my watch begins"),
+            "Airflow {version}: the stock executor's watcher says when it starts\n{log}"
+        );
+    }
+    if executor == Executor::Podstream {
+        assert!(
+            // A task that raises ends its own try (the pod succeeds): each pod's end is a
+            // `completed`.
+            log.contains("podstream: taking commands on podstream.commands.")
+                && log.contains("enters the executor as None"),
+            "Airflow {version}: the outcomes came from podstream's commands\n{log}"
+        );
+        assert!(
+            !log.contains("and now my watch begins"),
+            "Airflow {version}: no KubernetesJobWatcher ran\n{log}"
+        );
+    }
     // delete_worker_pods: every worker pod goes once the executor has its result.
     let left = real.wait_for_pods(Duration::from_secs(60), <[_]>::is_empty);
     println!(
-        "=== stock Airflow {version} (a normal run): run {state}\n{}",
+        "=== Airflow {version}, {executor:?} executor (a normal run): run {state}\n{}",
         real.timeline()
     );
     let names: Vec<_> = left.iter().map(|p| p["metadata"]["name"].clone()).collect();
@@ -81,4 +107,14 @@ fn airflow_3_1_runs_the_dags_on_the_simulator() {
 #[test]
 fn airflow_3_3_runs_the_dags_on_the_simulator() {
     runs_the_dags(Airflow::line("3.3"));
+}
+
+#[test]
+fn airflow_2_10_with_podstreams_executor_runs_the_dags() {
+    runs_the_dags_with(Airflow::line("2.10"), Executor::Podstream);
+}
+
+#[test]
+fn airflow_3_1_with_podstreams_executor_runs_the_dags() {
+    runs_the_dags_with(Airflow::line("3.1"), Executor::Podstream);
 }
