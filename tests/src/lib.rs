@@ -8,6 +8,7 @@ pub mod nats;
 pub mod postgres;
 pub mod real_airflow;
 pub mod sink;
+pub mod stories;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
