@@ -274,6 +274,58 @@ async fn faults_play_as_a_node_reports_them() {
     );
 }
 
+/// A kill ends the whole container, as a cgroup would: also a process that made a session of
+/// its own (Airflow 2's task runner calls `setsid`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_ends_processes_that_left_the_process_group() {
+    let node = node(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("escaped.pid");
+    // `$$$$`: the kubelet reads `$$` as an escaped `$`, as Kubernetes does.
+    let script = format!(
+        "setsid sh -c 'echo $$$$ > {}; exec sleep 300' & while true; do sleep 0.05; done",
+        pidfile.display()
+    );
+    create(&node, pod("escapes", shell(&script))).await;
+    until(&node, "escapes", |p| phase(p) == "Running").await;
+    let started = std::time::Instant::now();
+    let escaped: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            break pid;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let log = node.pods.logs("escapes", &LogParams::default()).await;
+            panic!("no pid written: {log:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // A zombie waits for a parent to reap it; it runs no more.
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rfind(')')
+                .and_then(|at| stat.get(at + 1..))
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z")
+        })
+    };
+    assert!(alive(escaped));
+    node.kubelet
+        .inject("airflow", "escapes", Fault::OomKilled)
+        .unwrap();
+    until(&node, "escapes", |p| phase(p) == "Failed").await;
+    let started = std::time::Instant::now();
+    while alive(escaped) && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive(escaped),
+        "the process in its own session was killed too"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_node_leaves_pods_pending_until_room_frees() {
     let node = node(Some(1)).await;

@@ -29,6 +29,8 @@ pub enum Dags {
     Checks,
     /// `podstream_story`: one long task, for the seed stories.
     Story,
+    /// `podstream_failures`: a task whose pod is killed (OOMKilled) while it runs, one retry.
+    Failures,
 }
 
 impl Dags {
@@ -36,6 +38,7 @@ impl Dags {
         let name = match self {
             Dags::Checks => "checks",
             Dags::Story => "story",
+            Dags::Failures => "failures",
         };
         workspace_root().join("tests/airflow/dags").join(name)
     }
@@ -686,6 +689,10 @@ fn environment(
         // (defaults 30 s and 300 s), so the stories play out in a minute.
         ("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "10"),
         ("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "5"),
+        // A task whose process died (its pod killed) is found in 10 s, not 5 minutes: Airflow
+        // 2.x fails a running task that way, not from the executor's report.
+        ("AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD", "10"),
+        ("AIRFLOW__SCHEDULER__ZOMBIE_DETECTION_INTERVAL", "5"),
         ("PODSTREAM_LONG_TASK_SECONDS", "50"),
         ("PODSTREAM_MARKERS", &markers.display().to_string()),
         ("PYTHONPATH", &tests.join("lib").display().to_string()),

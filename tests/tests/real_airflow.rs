@@ -118,3 +118,46 @@ fn airflow_2_10_with_podstreams_executor_runs_the_dags() {
 fn airflow_3_1_with_podstreams_executor_runs_the_dags() {
     runs_the_dags_with(Airflow::line("3.1"), Executor::Podstream);
 }
+
+/// A pod killed under its running task (OOMKilled): podstream's `fail` enters the executor,
+/// and Airflow retries once, then fails the task, each callback once.
+fn a_killed_pod_fails_its_try(airflow: Airflow) {
+    let real = RealAirflow::start_with(airflow, Dags::Failures, Executor::Podstream);
+    let state = real.wait_for_run("podstream_failures", Duration::from_secs(240));
+    let version = airflow.short();
+    println!(
+        "=== Airflow {version}, Podstream executor (a killed pod): run {state}\n{}",
+        real.timeline()
+    );
+    assert_eq!(state, "failed", "Airflow {version}\n{}", real.logs());
+    assert_eq!(
+        real.tis("podstream_failures"),
+        [ti("killed", "failed", 2)],
+        "Airflow {version}\n{}",
+        real.logs()
+    );
+    assert_eq!(
+        real.markers(),
+        [
+            "failure.podstream_failures.killed.2",
+            "retry.podstream_failures.killed.1",
+        ],
+        "Airflow {version}: one callback per try\n{}",
+        real.timeline()
+    );
+    let log = real.log_of("scheduler");
+    assert!(
+        log.contains("enters the executor as failed"),
+        "Airflow {version}: the failure came from podstream\n{log}"
+    );
+}
+
+#[test]
+fn airflow_2_10_with_podstreams_executor_retries_a_killed_pod() {
+    a_killed_pod_fails_its_try(Airflow::line("2.10"));
+}
+
+#[test]
+fn airflow_3_1_with_podstreams_executor_retries_a_killed_pod() {
+    a_killed_pod_fails_its_try(Airflow::line("3.1"));
+}

@@ -146,10 +146,52 @@ impl Drop for Kubelet {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(group) = group {
-                let _ = killpg(group, Signal::SIGKILL);
+                signal_container(group, Signal::SIGKILL);
             }
         }
     }
+}
+
+/// Signals a container: its process group and, for SIGKILL, every process descended from its
+/// first process, also those that left the group (Airflow 2's task runner calls `setsid`): a
+/// kubelet's SIGKILL ends the whole container, whatever sessions its processes made.
+fn signal_container(group: Pid, signal: Signal) {
+    if signal == Signal::SIGKILL {
+        for pid in descendants(group.as_raw()) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+        }
+    }
+    let _ = killpg(group, signal);
+}
+
+/// Every process below `root` by parent links in `/proc` (none where `/proc` cannot be read).
+fn descendants(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+            let after = stat.get(stat.rfind(')')? + 1..)?;
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, ppid) in &parents {
+            if found.contains(ppid) && !found.contains(pid) {
+                found.push(*pid);
+                grew = true;
+            }
+        }
+    }
+    found.retain(|pid| *pid != root);
+    found
 }
 
 /// Where a pod's container log lives under the kubelet's root.
@@ -444,7 +486,7 @@ async fn run_pod(
     *process_group.lock().unwrap_or_else(PoisonError::into_inner) = group;
     let signal = |signal: Signal| {
         if let Some(group) = group {
-            let _ = killpg(group, signal);
+            signal_container(group, signal);
         }
     };
     write(&|pod| status::running(pod, &node.node, &launch.container));
