@@ -271,3 +271,81 @@ def test_beside_a_sink_that_leaves_fails_to_executors_it_runs(world, make_comman
     finally:
         executor.end()
 
+
+
+def _podstream_tables() -> str:
+    """Creates podstream's tables in the test's metadata DB, as the sink does; its URL."""
+    url = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    subprocess.run([os.environ["PODSTREAM_BIN"], "apply", "--db", url], input=b"", check=True, capture_output=True)
+    return url
+
+
+def _record(task_id: str, pod_name: str, last_command: str) -> None:
+    """A row of the sink's record of a TI's current pod."""
+    from sqlalchemy import text
+
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.execute(
+            text(
+                "INSERT INTO podstream_ti_pod (dag_id, task_id, run_id, map_index, try_number, pod_namespace, "
+                "pod_name, pod_uid, owner, last_command, resource_version, updated_at) VALUES "
+                "('etl', :task_id, 'manual__2026-11-30', -1, 1, 'airflow', :pod_name, :pod_name, '5', :last, '1', "
+                "'2026-12-01 00:00:00.000000')"
+            ),
+            {"task_id": task_id, "pod_name": pod_name, "last": last_command},
+        )
+
+
+def _ti(task_id: str, queued_by_job_id: int):
+    from types import SimpleNamespace
+
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    key = TaskInstanceKey("etl", task_id, "manual__2026-11-30", 1, -1)
+    return SimpleNamespace(
+        dag_id="etl", task_id=task_id, run_id="manual__2026-11-30", map_index=-1, try_number=1,
+        queued_by_job_id=queued_by_job_id, key=key,
+    )
+
+
+def test_adoption_by_podstreams_record_finds_a_pod_whatever_its_labels(world):
+    """The stock adoption lists pods by ``airflow-worker=<queued_by_job_id>``; a pod whose
+    label says another scheduler (a drift, a half-done relabel) is not found, and its running
+    task is reset. podstream's record of the TI's pod finds it."""
+    from kubernetes import client, config
+
+    _podstream_tables()
+    config.load_kube_config(os.environ["AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE"])
+    pods = client.CoreV1Api()
+    for task_id, label in [("drifted", "5"), ("ended", "4")]:
+        pods.create_namespaced_pod("airflow", client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name=f"etl-{task_id}",
+                labels={"airflow-worker": label, "kubernetes_executor": "True"},
+                annotations={"dag_id": "etl", "task_id": task_id, "run_id": "manual__2026-11-30", "try_number": "1"},
+            ),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="base", image="none")]),
+        ))
+    _record("drifted", "etl-drifted", "running")
+    _record("ended", "etl-ended", "completed")
+    executor = started_executor()
+    try:
+        drifted, ended, unknown = _ti("drifted", 3), _ti("ended", 3), _ti("unknown", 3)
+        reset = executor.try_adopt_task_instances([drifted, ended, unknown])
+        assert [ti.task_id for ti in reset] == ["ended", "unknown"], "only TIs with no live pod go back"
+        assert drifted.key in executor.running
+        labels = pods.read_namespaced_pod("etl-drifted", "airflow").metadata.labels
+        assert labels["airflow-worker"] == "7", "relabelled to this scheduler, as the stock executor does"
+    finally:
+        executor.end()
+
+
+def test_without_podstreams_record_adoption_is_the_stock_one(world):
+    executor = started_executor()
+    try:
+        ti = _ti("anything", 3)
+        assert executor.try_adopt_task_instances([ti]) == [ti]
+    finally:
+        executor.end()

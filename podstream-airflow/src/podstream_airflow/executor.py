@@ -11,14 +11,19 @@ everything after that is Airflow's own code, unchanged.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
+from airflow.utils.session import create_session
 from google.protobuf.message import DecodeError
+from kubernetes.client.rest import ApiException
+from sqlalchemy import bindparam, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from podstream_airflow.commands import Ignored, WatcherEvent, meaning
 from podstream_airflow.config import PodstreamConfig
@@ -113,6 +118,26 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self.kube_scheduler.watcher_queue.put(event)
         return event
 
+    def try_adopt_task_instances(self, tis: Sequence[Any]) -> Sequence[Any]:
+        """Adopts by facts first: every TI whose pod podstream last saw alive (its
+        ``podstream_ti_pod`` row, by the TI key from the pod's annotations, whatever the pod's
+        labels say) and that is still pending or running, relabelled as the stock executor
+        does; the rest go through the stock adoption, which lists pods by label."""
+        remaining = {ti.key: ti for ti in tis}
+        for namespace, name in live_pods(tis):
+            try:
+                pod = self.kube_client.read_namespaced_pod(name=name, namespace=namespace)
+            except ApiException as error:
+                self.log.info("podstream: pod %s/%s is not there to adopt (%s)", namespace, name, error.status)
+                continue
+            if pod.status is None or pod.status.phase not in ("Pending", "Running"):
+                continue
+            before = len(remaining)
+            self.adopt_launched_task(self.kube_client, pod, remaining)
+            if len(remaining) < before:
+                self.log.info("podstream: adopted pod %s/%s by podstream's record of it", namespace, name)
+        return super().try_adopt_task_instances(list(remaining.values()))
+
     def end(self) -> None:
         """Stops the consumer, then the executor as the stock one stops."""
         if self.podstream:
@@ -129,6 +154,30 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self._handled[command_id] = None
         while len(self._handled) > REMEMBERED_COMMANDS:
             self._handled.popitem(last=False)
+
+
+#: The commands after which podstream's record says a TI's pod is alive.
+ALIVE_AFTER = ("running", "transfer")
+
+
+def live_pods(tis: Sequence[Any]) -> list:
+    """(namespace, name) of each TI's pod that podstream's sink last recorded alive, from its
+    ``podstream_ti_pod`` table in the metadata DB (none where the table is not there)."""
+    wanted = {(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number) for ti in tis}
+    if not wanted:
+        return []
+    dag_ids = sorted({key[0] for key in wanted})
+    statement = text(
+        "SELECT dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name "
+        "FROM podstream_ti_pod WHERE last_command IN :alive AND dag_id IN :dag_ids"
+    ).bindparams(bindparam("alive", expanding=True), bindparam("dag_ids", expanding=True))
+    try:
+        with create_session() as session:
+            rows = session.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
+    except SQLAlchemyError as error:
+        logging.getLogger(__name__).info("podstream: no record of pods to adopt by (%s)", type(error).__name__)
+        return []
+    return [(row[5], row[6]) for row in rows if tuple(row[:5]) in wanted]
 
 
 def _watch(event: WatcherEvent) -> KubernetesWatch:
