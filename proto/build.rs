@@ -7,10 +7,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([proto], ["proto"])?;
     // The schema as a FileDescriptorSet, for readers that build their types at run time
     // (podstream-airflow ships a copy, checked against this one by the tests).
+    // Without comments and source positions: only a change of the schema changes the copy.
+    let mut schema = descriptors.clone();
+    for file in &mut schema.file {
+        file.source_code_info = None;
+    }
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out.join("podstream.binpb"),
-        prost::Message::encode_to_vec(&descriptors),
+        prost::Message::encode_to_vec(&schema),
     )?;
     let serde = "#[derive(serde::Serialize, serde::Deserialize)]";
     prost_build::Config::new()

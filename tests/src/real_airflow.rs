@@ -410,6 +410,15 @@ impl RealAirflow {
             .unwrap_or_default()
     }
 
+    /// The whole logs of every component of that name, in start order.
+    pub fn logs_of(&self, name: &str) -> Vec<String> {
+        self.components
+            .iter()
+            .filter(|c| c.name == name)
+            .map(|c| std::fs::read_to_string(&c.log).unwrap_or_default())
+            .collect()
+    }
+
     /// The index of the first component of that name.
     pub fn component(&self, name: &str) -> Option<usize> {
         self.components.iter().position(|c| c.name == name)

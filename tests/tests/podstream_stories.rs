@@ -14,8 +14,9 @@ use podstream_tests::stories::{
     start_a_second_pod_that_fails, story_ti,
 };
 
-/// The story ended right: the run succeeded on the first try, with one success callback.
-fn ended_right(airflow: Airflow, real: &RealAirflow, state: &str) {
+/// The story ended right: the run succeeded on the first try, with one success callback, and
+/// every scheduler still alive (all but `killed`) ends with no task in its executor.
+fn ended_right(airflow: Airflow, real: &RealAirflow, state: &str, killed: Option<usize>) {
     let version = airflow.short();
     assert_eq!(state, "success", "Airflow {version}\n{}", real.timeline());
     assert_eq!(
@@ -30,6 +31,23 @@ fn ended_right(airflow: Airflow, real: &RealAirflow, state: &str) {
         "Airflow {version}: one callback, no retry\n{}",
         real.timeline()
     );
+    // No slot leaks (stock multi-scheduler installs leaked them: #32928, #35675).
+    let logs = real.logs_of("scheduler");
+    assert!(!logs.is_empty());
+    for (index, log) in logs.iter().enumerate() {
+        if Some(index) == killed {
+            continue;
+        }
+        let last = log
+            .lines()
+            .filter_map(|line| line.split("podstream: ").nth(1))
+            .filter_map(|said| said.strip_suffix(" task(s) running in this executor"))
+            .last();
+        assert!(
+            last.is_none_or(|n| n == "0"),
+            "Airflow {version}: scheduler #{index} ends with {last:?} task(s) running\n{log}"
+        );
+    }
 }
 
 fn adoption(airflow: Airflow) {
@@ -39,7 +57,7 @@ fn adoption(airflow: Airflow) {
         "adoption by a second scheduler",
         adopt_by_a_second_scheduler,
     );
-    ended_right(airflow, &real, &state);
+    ended_right(airflow, &real, &state, None);
 }
 
 fn restart(airflow: Airflow) {
@@ -49,7 +67,7 @@ fn restart(airflow: Airflow) {
         "scheduler killed -9 and restarted",
         kill_and_restart_the_scheduler,
     );
-    ended_right(airflow, &real, &state);
+    ended_right(airflow, &real, &state, Some(0));
 }
 
 fn second_pod(airflow: Airflow) {
@@ -59,7 +77,7 @@ fn second_pod(airflow: Airflow) {
         "a second pod for the running task fails",
         start_a_second_pod_that_fails,
     );
-    ended_right(airflow, &real, &state);
+    ended_right(airflow, &real, &state, None);
 }
 
 #[test]

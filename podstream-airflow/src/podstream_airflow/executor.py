@@ -65,6 +65,7 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         super().__init__(*args, **kwargs)
         self.podstream: Optional[CommandConsumer] = None
         self._handled: "OrderedDict[str, None]" = OrderedDict()
+        self._running_logged = 0
 
     def start(self) -> None:
         """Starts the pod launcher (without watchers) and the podstream consumer."""
@@ -84,6 +85,10 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         super().sync()
         if self.podstream:
             self.podstream.ack(deliveries)
+        if len(self.running) != self._running_logged:
+            # Slots are what leaked in stock multi-scheduler installs: say when they change.
+            self._running_logged = len(self.running)
+            self.log.info("podstream: %d task(s) running in this executor", self._running_logged)
 
     def take_command(self, delivery: Delivery) -> Optional[KubernetesWatch]:
         """Puts the event a command means on the watcher queue; returns it (``None`` when the
