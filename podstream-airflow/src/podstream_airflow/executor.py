@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional, Sequence
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
-from airflow.utils.session import create_session
+from airflow import settings
 from google.protobuf.message import DecodeError
 from kubernetes.client.rest import ApiException
 from sqlalchemy import bindparam, text
@@ -177,8 +177,10 @@ def live_pods(tis: Sequence[Any]) -> list:
         "FROM podstream_ti_pod WHERE last_command IN :alive AND dag_id IN :dag_ids"
     ).bindparams(bindparam("alive", expanding=True), bindparam("dag_ids", expanding=True))
     try:
-        with create_session() as session:
-            rows = session.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
+        # A connection of its own: the scheduler's session holds the TIs being adopted, and
+        # closing it (as a `create_session` block does) would detach them.
+        with settings.engine.connect() as connection:
+            rows = connection.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
     except SQLAlchemyError as error:
         logging.getLogger(__name__).info("podstream: no record of pods to adopt by (%s)", type(error).__name__)
         return []
