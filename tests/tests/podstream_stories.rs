@@ -33,16 +33,21 @@ fn ended_right(airflow: Airflow, real: &RealAirflow, state: &str, killed: Option
     );
     // No slot leaks (stock multi-scheduler installs leaked them: #32928, #35675).
     let logs = real.logs_of("scheduler");
-    assert!(!logs.is_empty());
+    assert!(
+        logs.iter()
+            .any(|log| log.contains(" task(s) running in this executor")),
+        "Airflow {version}: the executors say how many tasks they run"
+    );
     for (index, log) in logs.iter().enumerate() {
         if Some(index) == killed {
             continue;
         }
         let last = log
             .lines()
+            .rev()
             .filter_map(|line| line.split("podstream: ").nth(1))
-            .filter_map(|said| said.strip_suffix(" task(s) running in this executor"))
-            .last();
+            .find_map(|said| said.split_once(" task(s) running in this executor"))
+            .map(|(count, _)| count);
         assert!(
             last.is_none_or(|n| n == "0"),
             "Airflow {version}: scheduler #{index} ends with {last:?} task(s) running\n{log}"
