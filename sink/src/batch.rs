@@ -111,7 +111,7 @@ impl SetStatements {
                 "AND (v.ti_id IS NULL OR task_instance.id = CAST(v.ti_id AS uuid))"
             }
             (AirflowSchema::V3, Backend::Sqlite) => {
-                "AND (v.ti_id IS NULL OR lower(replace(task_instance.id, '-', '')) = replace(v.ti_id, '-', ''))"
+                "AND (v.ti_id IS NULL OR lower(replace(task_instance.id, '-', '')) = v.ti_id)"
             }
         };
         let guarded = |set: String, more: &[(&'static str, &'static str)]| {
@@ -363,6 +363,8 @@ struct Update {
     index: usize,
     key: Key,
     try_number: i64,
+    /// The TI UUID the pod names, as the update compares it ([`ti_id_param`]).
+    ti_id: Option<String>,
     effect: Effect,
 }
 
@@ -387,10 +389,9 @@ impl Database {
     /// Applies `items` in order on `conn`, inside the caller's transaction.
     pub(crate) async fn apply_set(
         &self,
-        conn: &mut AnyConnection,
+        tx: &mut AnyConnection,
         items: &[Item],
     ) -> Result<Vec<Outcome>, sqlx::Error> {
-        let tx = conn;
         let now = crate::apply::sqlite_now();
         let applied = self.applied_ids(tx, items).await?;
         let mut rows = self.ti_rows(tx, items).await?;
@@ -433,11 +434,12 @@ impl Database {
                     if let (Effect::Fail { state }, Some(row)) = (&effect, rows.get_mut(&key)) {
                         row.state = Some(state.name().to_owned());
                     }
-                    let try_number = command.task.as_ref().map_or(0, |t| t.try_number);
+                    let task = command.task.as_ref();
                     round.push(Update {
                         index,
                         key,
-                        try_number,
+                        try_number: task.map_or(0, |t| t.try_number),
+                        ti_id: task.and_then(|t| ti_id_param(self.backend, t)),
                         effect,
                     });
                 }
@@ -549,18 +551,11 @@ impl Database {
     ) -> Result<(), sqlx::Error> {
         let mut fails = Vec::new();
         let mut transfers = Vec::new();
-        let ti_ids: Vec<Option<String>> = round
-            .iter()
-            .map(|u| {
-                let task = items.get(u.index).and_then(|i| i.command.task.as_ref());
-                task.and_then(|t| ti_id_param(self.backend, t))
-            })
-            .collect();
-        for (update, ti_id) in round.iter().zip(&ti_ids) {
+        for update in &round {
             let row = |new_state, job_id: Option<i64>| UpdateRow {
                 key: KeyRow::of(&update.key),
                 try_number: update.try_number,
-                ti_id: ti_id.as_deref(),
+                ti_id: update.ti_id.as_deref(),
                 new_state,
                 job_id,
                 executor_id: job_id.map(|j| j.to_string()),

@@ -402,14 +402,6 @@ impl RealAirflow {
         index
     }
 
-    /// The whole log of the first component of that name (empty when there is none).
-    pub fn log_of(&self, name: &str) -> String {
-        self.component(name)
-            .and_then(|i| self.components.get(i))
-            .and_then(|c| std::fs::read_to_string(&c.log).ok())
-            .unwrap_or_default()
-    }
-
     /// The whole logs of every component of that name, in start order.
     pub fn logs_of(&self, name: &str) -> Vec<String> {
         self.components

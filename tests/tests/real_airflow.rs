@@ -55,7 +55,7 @@ fn runs_the_dags_with(airflow: Airflow, executor: Executor) {
         ],
         "Airflow {version}: one callback per event"
     );
-    let log = real.log_of("scheduler");
+    let log = real.logs_of("scheduler").join("\n");
     if executor == Executor::Stock {
         assert!(
             log.contains("and now my watch begins"),
@@ -145,7 +145,7 @@ fn a_killed_pod_fails_its_try(airflow: Airflow) {
         "Airflow {version}: one callback per try\n{}",
         real.timeline()
     );
-    let log = real.log_of("scheduler");
+    let log = real.logs_of("scheduler").join("\n");
     assert!(
         log.contains("enters the executor as failed"),
         "Airflow {version}: the failure came from podstream\n{log}"
