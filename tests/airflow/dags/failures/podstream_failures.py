@@ -16,10 +16,11 @@ except ImportError:  # Airflow 2
     from airflow import DAG
     from airflow.decorators import task
 
-# The kubelet kills the container this long after it starts: well after the task is running.
+# The kubelet kills the container this long after it starts: well after the task is running,
+# also on a loaded machine (a task can take 20 s to start there).
 KILLED = k8s.V1Pod(
     metadata=k8s.V1ObjectMeta(
-        annotations={"podstream/kubelet-fault": "oom", "podstream/kubelet-fault-after-seconds": "12"}
+        annotations={"podstream/kubelet-fault": "oom", "podstream/kubelet-fault-after-seconds": "40"}
     )
 )
 
@@ -34,6 +35,6 @@ with DAG(
 
     @task(retries=1, retry_delay=timedelta(seconds=1), executor_config={"pod_override": KILLED})
     def killed() -> None:
-        time.sleep(60)
+        time.sleep(120)
 
     killed()
