@@ -125,8 +125,31 @@ pub fn decide_identified<'e>(
             commands: Vec::new(),
         });
     }
-
-    let mut task = prior_task.unwrap_or_default();
+    // A retired pod (replaced by a relaunch) changes no task state either; its deletion
+    // is the last the TI needs to remember of it.
+    let mut task = match prior_task {
+        Some(mut task) if task.retired.contains(&pod.uid) => {
+            if deleted {
+                task.retired.retain(|uid| *uid != pod.uid);
+            }
+            return Decision::Applied(Applied {
+                outcome,
+                pod: pod_state,
+                task: task.is_remembered().then_some(task),
+                commands: Vec::new(),
+            });
+        }
+        prior_task => prior_task.unwrap_or_default(),
+    };
+    if is_relaunch(&task, pod, event, &outcome) {
+        task.settled = false;
+        let (retired, in_play) = std::mem::take(&mut task.candidates)
+            .into_iter()
+            .partition(Candidate::out_of_play);
+        task.candidates = in_play;
+        task.retired
+            .extend(retired.into_iter().map(|c: Candidate| c.pod.uid));
+    }
     upsert(&mut task, pod, event, &outcome);
     let mut commands = Vec::new();
 
@@ -147,13 +170,24 @@ pub fn decide_identified<'e>(
     }
     report_duplicates(&mut task, key, event, pod, &mut commands);
 
-    let task = (!task.candidates.is_empty()).then_some(task);
+    let task = task.is_remembered().then_some(task);
     Decision::Applied(Applied {
         outcome,
         pod: pod_state,
         task,
         commands,
     })
+}
+
+/// A pod new to a try that failed, and alive: the executor relaunched the try's pod
+/// (cncf.kubernetes does, for the same try, when a pod failed before its task started).
+/// The new pod drives the try from then on; the pods whose failure was reported retire.
+fn is_relaunch(task: &TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) -> bool {
+    task.settled
+        && matches!(outcome, Outcome::Pending | Outcome::Running)
+        && event.deletion_unix_ms.is_none()
+        && task.candidate(&pod.uid).is_none()
+        && !task.completed()
 }
 
 /// Records the event's facts in the pod's candidate entry, keeping what was

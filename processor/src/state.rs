@@ -35,11 +35,28 @@ pub struct TaskState {
     /// sorted. `None` while the TI has one pod.
     pub duplicate_reported: Option<Vec<String>>,
     /// A pod reported a terminal outcome (fail, completed, lost) for this
-    /// try: the try is over, no other pod of it reports again.
+    /// try: no pod seen so far reports again. A live pod new to the try after
+    /// a fail or a loss (the executor's relaunch) opens it again.
     pub settled: bool,
+    /// Uids of pods a relaunch replaced: they take no part in the try any more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<String>,
 }
 
 impl TaskState {
+    /// Whether anything of this TI is left to remember: a pod mapping to it, or a retired
+    /// pod not yet deleted.
+    pub fn is_remembered(&self) -> bool {
+        !self.candidates.is_empty() || !self.retired.is_empty()
+    }
+
+    /// A pod of this try reported that it completed: the task ran to its end.
+    pub fn completed(&self) -> bool {
+        self.candidates
+            .iter()
+            .any(|c| c.reported == Some(Outcome::Completed))
+    }
+
     /// The candidate entry of `uid`.
     pub fn candidate(&self, uid: &str) -> Option<&Candidate> {
         self.candidates.iter().find(|c| c.pod.uid == uid)
@@ -65,6 +82,13 @@ pub struct Candidate {
     pub current: Outcome,
     /// The last outcome reported for it as a command, while it was chosen.
     pub reported: Option<Outcome>,
+}
+
+impl Candidate {
+    /// A fail or a loss was reported for this pod: a relaunch of the try retires it.
+    pub fn out_of_play(&self) -> bool {
+        matches!(self.reported, Some(Outcome::Fail(_) | Outcome::Lost { .. }))
+    }
 }
 
 /// What the rules need to know before deciding one event; after it, the

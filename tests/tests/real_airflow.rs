@@ -123,7 +123,7 @@ fn airflow_3_1_with_podstreams_executor_runs_the_dags() {
 /// and Airflow retries once, then fails the task, each callback once.
 fn a_killed_pod_fails_its_try(airflow: Airflow) {
     let real = RealAirflow::start_with(airflow, Dags::Failures, Executor::Podstream);
-    let state = real.wait_for_run("podstream_failures", Duration::from_secs(240));
+    let state = real.wait_for_run("podstream_failures", Duration::from_secs(360));
     let version = airflow.short();
     println!(
         "=== Airflow {version}, Podstream executor (a killed pod): run {state}\n{}",
@@ -160,4 +160,62 @@ fn airflow_2_10_with_podstreams_executor_retries_a_killed_pod() {
 #[test]
 fn airflow_3_1_with_podstreams_executor_retries_a_killed_pod() {
     a_killed_pod_fails_its_try(Airflow::line("3.1"));
+}
+
+/// A task whose pods never start (image pull): podstream's `fail` reaches the executor while the
+/// TI is still queued, and the provider's own handling runs. From cncf.kubernetes 10.20 it
+/// relaunches each try's pod once without spending a retry (`pods_per_try` 2), before that it
+/// fails the try at once (1); either way Airflow retries once, then fails, each callback once.
+fn a_pod_that_never_starts_fails_its_try(airflow: Airflow, pods_per_try: usize) {
+    let real = RealAirflow::start_with(airflow, Dags::LaunchFailures, Executor::Podstream);
+    let dag = "podstream_launch_failures";
+    let state = real.wait_for_run(dag, Duration::from_secs(360));
+    let version = airflow.short();
+    println!(
+        "=== Airflow {version}, Podstream executor (a pod that never starts): run {state}\n{}",
+        real.timeline()
+    );
+    assert_eq!(state, "failed", "Airflow {version}\n{}", real.logs());
+    assert_eq!(
+        real.tis(dag),
+        [ti("unpullable", "failed", 2)],
+        "Airflow {version}\n{}",
+        real.logs()
+    );
+    assert_eq!(
+        real.markers(),
+        [
+            "failure.podstream_launch_failures.unpullable.2",
+            "retry.podstream_launch_failures.unpullable.1",
+        ],
+        "Airflow {version}: one callback per try\n{}",
+        real.timeline()
+    );
+    let tries: Vec<String> = real
+        .pods()
+        .iter()
+        .filter_map(|pod| {
+            pod["metadata"]["annotations"]["try_number"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    for try_number in ["1", "2"] {
+        assert_eq!(
+            tries.iter().filter(|t| *t == try_number).count(),
+            pods_per_try,
+            "Airflow {version}: pods of try {try_number} (tries of all pods: {tries:?})\n{}",
+            real.timeline()
+        );
+    }
+}
+
+#[test]
+fn airflow_2_10_with_podstreams_executor_fails_a_pod_that_never_starts() {
+    a_pod_that_never_starts_fails_its_try(Airflow::line("2.10"), 1);
+}
+
+#[test]
+fn airflow_3_1_with_podstreams_executor_relaunches_a_pod_that_never_starts() {
+    a_pod_that_never_starts_fails_its_try(Airflow::line("3.1"), 2);
 }
