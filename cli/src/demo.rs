@@ -24,6 +24,7 @@ use podstream_sink::seed::{SeedTi, TiRow};
 use podstream_sink::service::SinkConfig;
 use prost::Message as _;
 
+use crate::demo_airflow;
 use crate::demo_watcher::{self, WatcherReport};
 use crate::pipeline::{Pipeline, PipelineConfig};
 
@@ -34,7 +35,7 @@ const NS: &str = "airflow";
 /// Flags of `podstream demo`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  podstream demo\n  scripts/setup.sh && cargo run --release -- demo    # from a fresh checkout"
+    after_help = "Examples:\n  podstream demo\n  scripts/setup.sh && cargo run --release -- demo    # from a fresh checkout\n  podstream demo --airflow                           # real Airflow 3.1 schedulers, stock beside podstream"
 )]
 pub struct DemoArgs {
     /// An Airflow 2.10 SQLite metadata DB made by `airflow db migrate` to copy (never
@@ -48,6 +49,15 @@ pub struct DemoArgs {
     /// Seconds to wait for every story to settle.
     #[arg(long, env = "PODSTREAM_DEMO_TIMEOUT_SECONDS", default_value_t = 60)]
     pub timeout_seconds: u64,
+    /// Play the seed stories with real Airflow schedulers instead (PostgreSQL, Airflow's own
+    /// components), each with the stock KubernetesExecutor and with podstream-airflow's
+    /// executor beside `podstream run`, and print their outcomes side by side (a few minutes;
+    /// needs a checkout after scripts/setup.sh).
+    #[arg(long)]
+    pub airflow: bool,
+    /// With --airflow: the Airflow release line to run, from sink/airflow-versions.tsv.
+    #[arg(long, default_value = "3.1", requires = "airflow")]
+    pub airflow_version: String,
 }
 
 /// One story: a task instance, what happens to its pods, and how it must end.
@@ -119,6 +129,12 @@ const STORIES: &[Story] = &[
 
 /// Runs the demo; exits non-zero when a story ended wrong.
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    if args.airflow {
+        return match demo_airflow::run(&args.airflow_version)? {
+            true => Ok(()),
+            false => anyhow::bail!("a story did not end right with podstream"),
+        };
+    }
     let template = match &args.airflow_db {
         Some(path) => path.clone(),
         None => default_airflow_db().context(

@@ -4,6 +4,7 @@ mod apply;
 mod db_args;
 mod decide;
 mod demo;
+mod demo_airflow;
 mod demo_watcher;
 mod ingest;
 mod json_stream;

@@ -2,25 +2,16 @@
 //! binary, a real `nats-server` ([`nats`]), stock kubectl, and (through
 //! `podstream_sim::Server`) the Kubernetes API simulator.
 
-pub mod airflow;
 pub mod bus;
-pub mod nats;
-pub mod postgres;
-pub mod real_airflow;
 pub mod sink;
-pub mod stories;
+
+pub use podstream_stage::{
+    airflow, free_port, kubectl, nats, podstream_binary, postgres, real_airflow, stories,
+    workspace_root,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
-
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
 
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -29,25 +20,12 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The `podstream` binary: `$PODSTREAM_BIN` when set, otherwise built once
-/// per test process with `cargo build` into the workspace's target dir.
-///
-/// # Panics
-/// When the binary cannot be built: every end-to-end test needs it.
-pub fn podstream_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| match std::env::var_os("PODSTREAM_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => build_podstream(false),
-    })
-}
-
 /// The release `podstream` binary, built with `cargo build --release` (for benchmarks).
 ///
 /// # Panics
 /// When it cannot be built.
 pub fn podstream_release_binary() -> PathBuf {
-    build_podstream(true)
+    podstream_stage::build_podstream(true)
 }
 
 /// The multi-threaded Tokio runtime a bench's `main` runs in.
@@ -72,34 +50,6 @@ pub fn bench_binary(measuring: bool) -> PathBuf {
     } else {
         podstream_binary().to_path_buf()
     }
-}
-
-fn build_podstream(release: bool) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut args = vec![
-        "build",
-        "--quiet",
-        "-p",
-        "podstream-cli",
-        "--bin",
-        "podstream",
-    ];
-    if release {
-        args.push("--release");
-    }
-    let status = Command::new(cargo)
-        .args(&args)
-        .current_dir(workspace_root())
-        .status();
-    assert!(
-        matches!(status, Ok(s) if s.success()),
-        "cannot build the podstream binary: {status:?}"
-    );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
-    target
-        .join(if release { "release" } else { "debug" })
-        .join("podstream")
 }
 
 /// A running `kubectl` watch whose JSON output is parsed as it arrives.
@@ -152,24 +102,6 @@ impl Drop for KubectlWatch {
     }
 }
 
-/// Runs `kubectl --kubeconfig FILE <args>` to completion: (success, stdout, stderr).
-///
-/// # Panics
-/// When kubectl cannot be started.
-pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl (scripts/setup.sh installs it): {e}"));
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 /// Whether the kubectl on PATH has `patch --subresource` (kubectl ≥ 1.24).
 pub fn kubectl_has_subresource_flag() -> bool {
     Command::new("kubectl")
@@ -204,17 +136,6 @@ pub fn init_tracing() {
         .with_env_filter(filter)
         .with_test_writer()
         .try_init();
-}
-
-/// A TCP port that is free on 127.0.0.1 now (for servers a test starts).
-///
-/// # Panics
-/// When the OS has none to give.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
 }
 
 /// CPU time (user and system) process `pid` has used so far, in seconds (0 when unreadable).

@@ -107,3 +107,56 @@ fn demo_without_an_airflow_db_says_what_to_do() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/nonexistent/airflow.db"), "{stderr}");
 }
+
+/// `podstream demo --airflow`: real Airflow 3.1 schedulers play the seed stories with the stock
+/// executor and with podstream's. Every story ends right with podstream, and the report says
+/// what the stock executor did in each: on 3.1 it fails the live try of the second-pod story
+/// and retries it.
+#[test]
+fn demo_with_airflow_plays_the_stories_side_by_side() {
+    let output = demo(&["--airflow"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo --airflow failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let first_try = "run success; task try 1 success; callbacks: success (try 1)";
+    for n in 1..=3 {
+        let block = story_block(&stdout, n);
+        assert!(
+            block.contains(&format!("   podstream:          {first_try}  OK")),
+            "story {n}:\n{block}"
+        );
+        assert!(
+            block.contains("   stock executor:     run "),
+            "story {n}:\n{block}"
+        );
+        assert!(
+            block.contains("timeline with podstream:"),
+            "story {n}:\n{block}"
+        );
+    }
+    let second_pod = story_block(&stdout, 3);
+    assert!(
+        second_pod.contains(
+            "   stock executor:     run success; task try 2 success; callbacks: retry (try 1), success (try 2)"
+        ),
+        "{second_pod}"
+    );
+    assert!(
+        second_pod.contains("timeline with the stock executor:"),
+        "{second_pod}"
+    );
+}
+
+#[test]
+fn demo_with_an_unknown_airflow_version_names_the_supported_ones() {
+    let output = demo(&["--airflow", "--airflow-version", "1.10"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no Airflow release line 1.10") && stderr.contains("3.1"),
+        "{stderr}"
+    );
+}

@@ -7,41 +7,34 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use podstream_tests::airflow::Airflow;
-use podstream_tests::real_airflow::Executor;
-use podstream_tests::stories::{
-    adopt_by_a_second_scheduler, kill_and_restart_the_scheduler, play,
-    start_a_second_pod_that_fails,
-};
+use podstream_tests::real_airflow::{Executor, RealAirflow};
+use podstream_tests::stories::{SUCCESS_ON_THE_FIRST_TRY, Story, heading, play};
+
+/// Plays `story` with the stock executor and prints its timeline.
+fn stock(airflow: Airflow, story: Story) -> (RealAirflow, String) {
+    let (real, state) = play(airflow, Executor::Stock, story);
+    println!(
+        "{}\n{}",
+        heading(airflow, Executor::Stock, story, &state),
+        real.timeline()
+    );
+    (real, state)
+}
 
 fn adoption(airflow: Airflow) {
-    let (real, state) = play(
-        airflow,
-        Executor::Stock,
-        "adoption by a second scheduler",
-        adopt_by_a_second_scheduler,
-    );
+    let (real, state) = stock(airflow, Story::Adoption);
     assert_eq!(state, "success", "{}", real.timeline());
-    assert_eq!(real.markers(), ["success.podstream_story.works.1"]);
+    assert_eq!(real.markers(), [SUCCESS_ON_THE_FIRST_TRY]);
 }
 
 fn restart(airflow: Airflow) {
-    let (real, state) = play(
-        airflow,
-        Executor::Stock,
-        "scheduler killed -9 and restarted",
-        kill_and_restart_the_scheduler,
-    );
+    let (real, state) = stock(airflow, Story::Restart);
     assert_eq!(state, "success", "{}", real.timeline());
-    assert_eq!(real.markers(), ["success.podstream_story.works.1"]);
+    assert_eq!(real.markers(), [SUCCESS_ON_THE_FIRST_TRY]);
 }
 
 fn second_pod(airflow: Airflow) {
-    let (real, state) = play(
-        airflow,
-        Executor::Stock,
-        "a second pod for the running task fails",
-        start_a_second_pod_that_fails,
-    );
+    let (real, state) = stock(airflow, Story::SecondPod);
     assert_eq!(state, "success", "{}", real.timeline());
     // What each release's executor makes of the loser's failure (docs/stock-airflow.md).
     let expected: &[&str] = if airflow.is_3() {
@@ -52,10 +45,11 @@ fn second_pod(airflow: Airflow) {
         ]
     } else {
         // 2.x acts on an executor failure only for a queued task: the running try goes on.
-        &["success.podstream_story.works.1"]
+        &[SUCCESS_ON_THE_FIRST_TRY]
     };
     assert_eq!(real.markers(), expected, "{}", real.timeline());
 }
+
 #[test]
 fn stock_airflow_2_10_adoption() {
     adoption(Airflow::line("2.10"));

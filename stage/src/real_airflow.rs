@@ -2,7 +2,7 @@
 //! dump, `podstream sim --kubelet` (worker pods run as local processes from the Airflow venv),
 //! and Airflow's own components with the stock `KubernetesExecutor`: the scheduler for 2.x;
 //! the api-server (whose execution API the 3.x workers call), dag-processor and scheduler
-//! for 3.x. The DAGs are under `tests/airflow/dags`; callbacks leave marker files.
+//! for 3.x. The DAGs are under `stage/airflow/dags`; callbacks leave marker files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -22,7 +22,7 @@ use crate::{free_port, kubectl, podstream_binary, workspace_root};
 /// The database Airflow runs on.
 const DATABASE: &str = "airflow";
 
-/// Which DAGs the Airflow parses (a folder under `tests/airflow/dags`).
+/// Which DAGs the Airflow parses (a folder under `stage/airflow/dags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dags {
     /// `podstream_checks`: a success, a failure with a retry, a long task.
@@ -43,7 +43,7 @@ impl Dags {
             Dags::Failures => "failures",
             Dags::LaunchFailures => "launch_failures",
         };
-        workspace_root().join("tests/airflow/dags").join(name)
+        workspace_root().join("stage/airflow/dags").join(name)
     }
 }
 
@@ -650,7 +650,7 @@ fn environment(
     markers: &Path,
     home: &Path,
 ) -> Vec<(String, String)> {
-    let tests = workspace_root().join("tests/airflow");
+    let tests = workspace_root().join("stage/airflow");
     let sql = pg
         .url(DATABASE)
         .replacen("postgres://", "postgresql+psycopg2://", 1);

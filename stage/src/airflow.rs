@@ -25,10 +25,28 @@ impl Airflow {
     /// # Panics
     /// When the list has no such line.
     pub fn line(line: &str) -> Airflow {
-        Airflow::all()
-            .into_iter()
-            .find(|a| a.0.line == line)
+        Airflow::find(line)
             .unwrap_or_else(|| panic!("sink/airflow-versions.tsv has no line {line}"))
+    }
+
+    /// The supported release of a line (`2.10`), if the list has it.
+    pub fn find(line: &str) -> Option<Airflow> {
+        Airflow::all().into_iter().find(|a| a.0.line == line)
+    }
+
+    /// What a stage of this release needs that `scripts/setup.sh` makes: its venv and its
+    /// cached PostgreSQL dump. `Err` names the first missing one.
+    pub fn installed(self) -> Result<(), String> {
+        let airflow = self.venv_bin().join("airflow");
+        for path in [airflow, self.cache_path("pg.sql")] {
+            if !path.exists() {
+                return Err(format!(
+                    "{} is missing: run scripts/setup.sh",
+                    path.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The oldest supported release.
@@ -89,11 +107,15 @@ impl Airflow {
         self.cached("pg.sql")
     }
 
-    fn cached(self, suffix: &str) -> PathBuf {
-        let path = workspace_root().join(format!(
+    fn cache_path(self, suffix: &str) -> PathBuf {
+        workspace_root().join(format!(
             "target/airflow-db/airflow-{}.{suffix}",
             self.short()
-        ));
+        ))
+    }
+
+    fn cached(self, suffix: &str) -> PathBuf {
+        let path = self.cache_path(suffix);
         assert!(
             path.exists(),
             "{} is missing: run scripts/setup.sh (it runs scripts/airflow-db.sh)",

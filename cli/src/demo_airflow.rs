@@ -1,0 +1,176 @@
+//! `podstream demo --airflow`: the seed stories played by real Airflow schedulers on the
+//! simulator, each twice: once with the stock KubernetesExecutor (its own label-scoped pod
+//! watch), once with podstream-airflow's `PodstreamKubernetesExecutor` beside `podstream run
+//! --task-failures executor`. It prints per story what the stock executor did beside what
+//! podstream did, with podstream's pods/TI timeline (and the stock one where they differ), and
+//! exits 0 only if every story ended right with podstream.
+//!
+//! The stage (PostgreSQL from the cached dump, `podstream sim --kubelet`, Airflow's own
+//! components) is `podstream_stage`'s, the one the tests use; it needs a checkout after
+//! `scripts/setup.sh`.
+
+use std::sync::mpsc;
+use std::thread;
+
+use anyhow::{Context, bail};
+use podstream_stage::airflow::Airflow;
+use podstream_stage::real_airflow::Executor;
+use podstream_stage::stories::{self, Story};
+
+/// How many stages run at once: each is PostgreSQL, a simulator and an Airflow.
+const AT_ONCE: usize = 2;
+
+/// What one play of a story came to.
+struct Played {
+    story: Story,
+    executor: Executor,
+    /// One line: the run, the task's last try, the callbacks; or why the play broke off.
+    outcome: String,
+    timeline: String,
+    /// With podstream: whether it ended right, and if not, why.
+    verdict: Result<(), String>,
+}
+
+/// Plays every story with both executors on Airflow `line` and prints the report; `Ok(true)`
+/// when every story ended right with podstream.
+pub fn run(line: &str) -> anyhow::Result<bool> {
+    let Some(airflow) = Airflow::find(line) else {
+        let lines: Vec<&str> = Airflow::all().iter().map(|a| a.short()).collect();
+        bail!(
+            "no Airflow release line {line} (sink/airflow-versions.tsv has {})",
+            lines.join(", ")
+        );
+    };
+    airflow.installed().map_err(anyhow::Error::msg)?;
+    let binary = std::env::current_exe().context("finding the podstream binary")?;
+    podstream_stage::use_podstream_binary(binary);
+
+    let release = airflow.0;
+    println!(
+        "Airflow {} (cncf.kubernetes {}) on the simulator: each seed story played by real \
+         schedulers, with the stock executor and with podstream's ({AT_ONCE} at a time, a few \
+         minutes)\n",
+        release.release, release.kubernetes_provider
+    );
+    let plays: Vec<(Story, Executor)> = Story::ALL
+        .iter()
+        .flat_map(|&story| [(story, Executor::Stock), (story, Executor::Podstream)])
+        .collect();
+    let mut played = play_all(airflow, &plays);
+    let mut all_right = true;
+    for (number, story) in Story::ALL.iter().enumerate() {
+        let (Some(stock), Some(podstream)) = (
+            take(&mut played, *story, Executor::Stock),
+            take(&mut played, *story, Executor::Podstream),
+        ) else {
+            bail!("a play of '{}' did not report", story.title());
+        };
+        all_right &= podstream.verdict.is_ok();
+        print_story(number + 1, &stock, &podstream);
+    }
+    if all_right {
+        println!("Every story ended right with podstream: the first try ran to its end, once.");
+    } else {
+        println!("Some story did not end right with podstream (see above).");
+    }
+    Ok(all_right)
+}
+
+/// Plays each (story, executor), `AT_ONCE` at a time, each on a thread of its own: a stage
+/// that breaks off panics (as in a test), and the panic becomes that play's outcome.
+fn play_all(airflow: Airflow, plays: &[(Story, Executor)]) -> Vec<Played> {
+    let (done, results) = mpsc::channel();
+    let mut queue = plays.iter().copied();
+    let mut running = 0;
+    let mut played = Vec::new();
+    loop {
+        while running < AT_ONCE {
+            let Some((story, executor)) = queue.next() else {
+                break;
+            };
+            let done = done.clone();
+            thread::spawn(move || {
+                let outcome = thread::spawn(move || play(airflow, story, executor)).join();
+                let _ = done.send(outcome.unwrap_or_else(|panic| Played {
+                    story,
+                    executor,
+                    outcome: format!("broke off: {}", panic_text(&*panic)),
+                    timeline: String::new(),
+                    verdict: Err("the play broke off".to_owned()),
+                }));
+            });
+            running += 1;
+        }
+        if running == 0 {
+            return played;
+        }
+        match results.recv() {
+            Ok(result) => {
+                let result: Played = result;
+                eprintln!(
+                    "  played: {} with the {:?} executor",
+                    result.story.title(),
+                    result.executor
+                );
+                played.push(result);
+                running -= 1;
+            }
+            Err(_) => return played,
+        }
+    }
+}
+
+fn play(airflow: Airflow, story: Story, executor: Executor) -> Played {
+    let (real, state) = stories::play(airflow, executor, story);
+    let verdict = match executor {
+        Executor::Podstream => stories::ended_right(&real, &state, story),
+        Executor::Stock => Ok(()),
+    };
+    Played {
+        story,
+        executor,
+        outcome: stories::outcome(&real, &state),
+        timeline: real.timeline(),
+        verdict,
+    }
+}
+
+fn take(played: &mut Vec<Played>, story: Story, executor: Executor) -> Option<Played> {
+    let at = played
+        .iter()
+        .position(|p| p.story == story && p.executor == executor)?;
+    Some(played.remove(at))
+}
+
+fn print_story(number: usize, stock: &Played, podstream: &Played) {
+    println!("{number}. {} ({})", stock.story.title(), stock.story.seed());
+    println!("   stock executor:     {}", stock.outcome);
+    let verdict = match &podstream.verdict {
+        Ok(()) => "OK".to_owned(),
+        Err(why) => format!("WRONG: {why}"),
+    };
+    println!("   podstream:          {}  {verdict}", podstream.outcome);
+    println!("   timeline with podstream:");
+    print_indented(&podstream.timeline);
+    if stock.outcome != podstream.outcome {
+        println!("   timeline with the stock executor:");
+        print_indented(&stock.timeline);
+    }
+    println!();
+}
+
+fn print_indented(text: &str) {
+    for line in text.lines() {
+        println!("     {line}");
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    // The stage's panics carry the timeline and the logs: the first line says what broke.
+    text.lines().next().unwrap_or(text).to_owned()
+}

@@ -1,0 +1,108 @@
+//! A stage for real Airflow: PostgreSQL restored from the cached `airflow db migrate` dump
+//! ([`postgres`]), `podstream sim --kubelet`, a real `nats-server` ([`nats`]), Airflow's own
+//! components from the venvs `scripts/setup.sh` installs ([`airflow`], [`real_airflow`]), and
+//! the seed stories played on it ([`stories`]).
+//!
+//! It serves the end-to-end tests and `podstream demo --airflow`, in a checkout after
+//! `scripts/setup.sh`. Like a test, a step that cannot go on panics with the timeline and the
+//! logs; the demo plays each story on a thread of its own and reports such a panic as that
+//! story's outcome.
+
+pub mod airflow;
+pub mod nats;
+pub mod postgres;
+pub mod real_airflow;
+pub mod stories;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The workspace root (the checkout this crate was built from).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+static BINARY: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes `path` the `podstream` binary the stage runs (the demo passes its own), if none was
+/// chosen yet.
+pub fn use_podstream_binary(path: PathBuf) {
+    let _ = BINARY.set(path);
+}
+
+/// The `podstream` binary: the one [`use_podstream_binary`] chose, else `$PODSTREAM_BIN`,
+/// else built once per process with `cargo build` into the workspace's target dir.
+///
+/// # Panics
+/// When the binary cannot be built: every end-to-end test needs it.
+pub fn podstream_binary() -> &'static Path {
+    BINARY.get_or_init(|| match std::env::var_os("PODSTREAM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build_podstream(false),
+    })
+}
+
+/// Builds the `podstream` binary with cargo (`release` or dev profile); returns its path.
+///
+/// # Panics
+/// When it cannot be built.
+pub fn build_podstream(release: bool) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut args = vec![
+        "build",
+        "--quiet",
+        "-p",
+        "podstream-cli",
+        "--bin",
+        "podstream",
+    ];
+    if release {
+        args.push("--release");
+    }
+    let status = Command::new(cargo)
+        .args(&args)
+        .current_dir(workspace_root())
+        .status();
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "cannot build the podstream binary: {status:?}"
+    );
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    target
+        .join(if release { "release" } else { "debug" })
+        .join("podstream")
+}
+
+/// Runs `kubectl --kubeconfig FILE <args>` to completion: (success, stdout, stderr).
+///
+/// # Panics
+/// When kubectl cannot be started.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubectl (scripts/setup.sh installs it): {e}"));
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A TCP port that is free on 127.0.0.1 now (for servers the stage starts).
+///
+/// # Panics
+/// When the OS has none to give.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
