@@ -4,11 +4,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 
-/// Header carrying why the item was dead-lettered.
-pub const REASON_HEADER: &str = "Podstream-Reason";
-
-/// Header carrying the subject the item came from or was meant for.
-pub const SOURCE_HEADER: &str = "Podstream-Source";
+pub use podstream_proto::subject::{REASON_HEADER, SOURCE_HEADER};
 
 /// A dead letter ready to publish: the original bytes plus reason headers.
 #[derive(Debug, Clone, PartialEq)]

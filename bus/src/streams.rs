@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
+use podstream_proto::subject::{Stream, Subjects};
 
 /// Settings every podstream stream shares; the defaults suit one NATS server.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,47 +53,21 @@ pub enum StreamError {
     },
 }
 
-/// The stream name for a prefix and a purpose: `PODSTREAM_PODS` for `podstream` and `pods`.
-pub fn stream_name(prefix: &str, purpose: &str) -> String {
-    let clean: String = prefix
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{clean}_{}", purpose.to_ascii_uppercase())
-}
-
-/// The stream of pod events: `<prefix>.pods.>`.
-pub fn pods_stream(prefix: &str, settings: &StreamSettings) -> stream::Config {
+/// The configuration of `stream` under `subjects`' prefix, with `settings`.
+pub fn stream_config(
+    subjects: &Subjects,
+    stream: Stream,
+    settings: &StreamSettings,
+) -> stream::Config {
+    let description = match stream {
+        Stream::PodEvents => "Airflow worker-pod events (podstream ingest)",
+        Stream::Commands => "Task-state commands (podstream processor)",
+        Stream::DeadLetters => "Items a podstream stage could not use, with the reason",
+    };
     config(
-        stream_name(prefix, "pods"),
-        format!("{prefix}.pods.>"),
-        "Airflow worker-pod events (podstream ingest)",
-        settings,
-    )
-}
-
-/// The stream of commands: `<prefix>.commands.>`.
-pub fn commands_stream(prefix: &str, settings: &StreamSettings) -> stream::Config {
-    config(
-        stream_name(prefix, "commands"),
-        format!("{prefix}.commands.>"),
-        "Task-state commands (podstream processor)",
-        settings,
-    )
-}
-
-/// The stream of dead letters: `<prefix>.dead.>`.
-pub fn dead_stream(prefix: &str, settings: &StreamSettings) -> stream::Config {
-    config(
-        stream_name(prefix, "dead"),
-        format!("{prefix}.dead.>"),
-        "Items a podstream stage could not use, with the reason",
+        subjects.stream_name(stream),
+        subjects.stream_subjects(stream),
+        description,
         settings,
     )
 }

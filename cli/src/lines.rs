@@ -2,7 +2,7 @@
 //! `tail` and `replay`.
 
 use podstream_proto::line::CommandLine;
-use podstream_proto::subject::Subjects;
+use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::v1::EventType;
 use podstream_proto::{Command, PodEvent};
 use prost::Message as _;
@@ -22,7 +22,7 @@ pub fn describe(
         .map(|(owner, _)| owner)
         .unwrap_or_default();
     let role = role.unwrap_or("event");
-    if subject.starts_with(&format!("{}.pods.", subjects.prefix())) {
+    if subjects.stream_of(subject) == Some(Stream::PodEvents) {
         match PodEvent::decode(payload) {
             Ok(event) => pod_line(&event, subject, &subject_owner, role, as_json),
             Err(error) => undecodable(subject, &error.to_string(), as_json),

@@ -8,9 +8,8 @@ use anyhow::Context;
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use clap::Args;
 use futures::StreamExt;
-use podstream_bus::streams::stream_name;
 use podstream_processor::{MemoryStore, Processor};
-use podstream_proto::subject::{ROLE_HEADER, Role, Subjects};
+use podstream_proto::subject::{ROLE_HEADER, Role, Stream, Subjects};
 use podstream_proto::{Command, PodEvent, TaskKey};
 use prost::Message as _;
 use time::OffsetDateTime;
@@ -153,8 +152,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         let subjects = Subjects::new(&args.prefix).context("invalid --prefix")?;
         let client = podstream_bus::connect(&args.nats, "podstream-replay").await;
         let js = jetstream::new(client);
-        let pods_name = stream_name(&args.prefix, "pods");
-        let commands_name = stream_name(&args.prefix, "commands");
+        let pods_name = subjects.stream_name(Stream::PodEvents);
+        let commands_name = subjects.stream_name(Stream::Commands);
         let pods_start = start_policy(&js, &pods_name, args.since).await?;
         let since_time = match (args.since, &pods_start) {
             (Position::Time(time), _) => time,

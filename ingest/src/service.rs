@@ -23,7 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::PodEvent;
-use podstream_proto::subject::{Stage, Subjects};
+use podstream_proto::subject::{Stage, Stream, Subjects};
 use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
@@ -144,8 +144,8 @@ pub async fn run(
     let nats = podstream_bus::connect(&config.nats_url, "podstream-ingest").await;
     let js = jetstream::new(nats);
     for stream in [
-        streams::pods_stream(&config.prefix, &config.streams),
-        streams::dead_stream(&config.prefix, &config.streams),
+        streams::stream_config(&subjects, Stream::PodEvents, &config.streams),
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
     ] {
         streams::ensure(&js, stream).await?;
     }

@@ -40,7 +40,7 @@ use podstream_bus::Backoff;
 use podstream_bus::dead::{self, DeadLetter};
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::PodEvent;
-use podstream_proto::subject::{Role, Stage, Subjects, encode_token};
+use podstream_proto::subject::{Role, Stage, Stream, Subjects, encode_token};
 use podstream_proto::v1::Command;
 use podstream_proto::v1::command::Kind;
 use prost::Message as _;
@@ -143,15 +143,19 @@ pub async fn run(
     let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
     let nats = podstream_bus::connect(&config.nats_url, "podstream-process").await;
     let js = jetstream::new(nats);
-    let pods = streams::pods_stream(&config.prefix, &config.streams);
+    let pods = streams::stream_config(&subjects, Stream::PodEvents, &config.streams);
     let pods_name = pods.name.clone();
     streams::ensure(&js, pods).await?;
     streams::ensure(
         &js,
-        streams::commands_stream(&config.prefix, &config.streams),
+        streams::stream_config(&subjects, Stream::Commands, &config.streams),
     )
     .await?;
-    streams::ensure(&js, streams::dead_stream(&config.prefix, &config.streams)).await?;
+    streams::ensure(
+        &js,
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
+    )
+    .await?;
     let pods = js
         .get_stream(&pods_name)
         .await
@@ -542,7 +546,7 @@ impl Worker {
         after: u64,
         before: u64,
     ) -> Result<Vec<(u64, PodEvent)>, Retry> {
-        let subject = format!("{}.pods.*.{}", self.subjects.prefix(), encode_token(uid));
+        let subject = self.subjects.pod_events_of_any_owner(uid);
         let mut found = Vec::new();
         let mut next = after + 1;
         while next < before {

@@ -7,11 +7,66 @@ use thiserror::Error;
 
 use crate::v1::{self, Command, ContainerTerminated, PodRef, TaskKey, command::Kind};
 
+/// The `kind` of a line: a command's kind, or `invalid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LineKind {
+    /// A `fail` command.
+    Fail,
+    /// A `completed` command.
+    Completed,
+    /// A `running` command.
+    Running,
+    /// A `lost` command.
+    Lost,
+    /// A `transfer` command.
+    Transfer,
+    /// A `duplicate` record.
+    Duplicate,
+    /// Input that is not JSON, not a pod, or not usable: a report, not a command.
+    #[default]
+    Invalid,
+}
+
+impl LineKind {
+    /// The kind as it is written on the line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LineKind::Fail => "fail",
+            LineKind::Completed => "completed",
+            LineKind::Running => "running",
+            LineKind::Lost => "lost",
+            LineKind::Transfer => "transfer",
+            LineKind::Duplicate => "duplicate",
+            LineKind::Invalid => "invalid",
+        }
+    }
+}
+
+impl From<&Kind> for LineKind {
+    fn from(kind: &Kind) -> Self {
+        match kind {
+            Kind::Fail(_) => LineKind::Fail,
+            Kind::Completed(_) => LineKind::Completed,
+            Kind::Running(_) => LineKind::Running,
+            Kind::Lost(_) => LineKind::Lost,
+            Kind::Transfer(_) => LineKind::Transfer,
+            Kind::Duplicate(_) => LineKind::Duplicate,
+        }
+    }
+}
+
+impl std::fmt::Display for LineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One output line of `podstream decide`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct CommandLine {
-    /// `fail`, `completed`, `running`, `lost`, `transfer`, `duplicate` or `invalid`.
-    pub kind: String,
+    /// What the line is: a command's kind, or `invalid`.
+    pub kind: LineKind,
     /// The task instance, from the pod's annotations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ti: Option<TaskKey>,
@@ -59,9 +114,6 @@ pub enum LineError {
     /// The line is an `invalid` report, not a command.
     #[error("an invalid line is a report, not a command: {0}")]
     Invalid(String),
-    /// `kind` is not one of the command kinds.
-    #[error("unknown kind {0:?}")]
-    UnknownKind(String),
     /// A field the kind requires is absent.
     #[error("a {kind} line needs the field {field:?}")]
     Missing {
@@ -76,7 +128,7 @@ impl CommandLine {
     /// An `invalid` line: input that is not JSON, not a pod, or not usable.
     pub fn invalid(error: impl Into<String>, pod: Option<PodRef>) -> Self {
         CommandLine {
-            kind: "invalid".to_owned(),
+            kind: LineKind::Invalid,
             pod,
             error: Some(error.into()),
             ..CommandLine::default()
@@ -90,8 +142,7 @@ impl From<&Command> for CommandLine {
             kind: command
                 .kind
                 .as_ref()
-                .map_or("invalid", Kind::name)
-                .to_owned(),
+                .map_or(LineKind::Invalid, LineKind::from),
             ti: command.task.clone(),
             pod: command.pod.clone(),
             owner: Some(command.owner.clone()),
@@ -132,27 +183,26 @@ impl TryFrom<CommandLine> for Command {
         ) -> Result<T, LineError> {
             value.ok_or(LineError::Missing { kind, field })
         }
-        let kind = match line.kind.as_str() {
-            "fail" => Kind::Fail(v1::Fail::new(
+        let kind = match line.kind {
+            LineKind::Fail => Kind::Fail(v1::Fail::new(
                 need(line.reason, "fail", "reason")?,
                 line.detail.unwrap_or_default(),
                 line.containers.unwrap_or_default(),
             )),
-            "completed" => Kind::Completed(v1::Completed {}),
-            "running" => Kind::Running(v1::Running {}),
-            "lost" => Kind::Lost(v1::Lost {
+            LineKind::Completed => Kind::Completed(v1::Completed {}),
+            LineKind::Running => Kind::Running(v1::Running {}),
+            LineKind::Lost => Kind::Lost(v1::Lost {
                 reason: need(line.reason, "lost", "reason")?,
             }),
-            "transfer" => Kind::Transfer(v1::Transfer {
+            LineKind::Transfer => Kind::Transfer(v1::Transfer {
                 from: need(line.from, "transfer", "from")?,
                 to: need(line.to, "transfer", "to")?,
             }),
-            "duplicate" => Kind::Duplicate(v1::Duplicate {
+            LineKind::Duplicate => Kind::Duplicate(v1::Duplicate {
                 chosen: Some(need(line.chosen, "duplicate", "chosen")?),
                 others: line.others.unwrap_or_default(),
             }),
-            "invalid" => return Err(LineError::Invalid(line.error.unwrap_or_default())),
-            other => return Err(LineError::UnknownKind(other.to_owned())),
+            LineKind::Invalid => return Err(LineError::Invalid(line.error.unwrap_or_default())),
         };
         let kind_name = kind.name();
         let task = need(line.ti, kind_name, "ti")?;
@@ -247,6 +297,34 @@ mod tests {
     }
 
     #[test]
+    fn kinds_are_written_as_the_contract_names_them() {
+        let kinds = [
+            (LineKind::Fail, Kind::Fail(v1::Fail::default())),
+            (LineKind::Completed, Kind::Completed(v1::Completed {})),
+            (LineKind::Running, Kind::Running(v1::Running {})),
+            (LineKind::Lost, Kind::Lost(v1::Lost::default())),
+            (LineKind::Transfer, Kind::Transfer(v1::Transfer::default())),
+            (
+                LineKind::Duplicate,
+                Kind::Duplicate(v1::Duplicate::default()),
+            ),
+        ];
+        for (line_kind, kind) in kinds {
+            assert_eq!(LineKind::from(&kind), line_kind);
+            assert_eq!(serde_json::to_value(line_kind).unwrap(), json!(kind.name()));
+            assert_eq!(line_kind.as_str(), kind.name());
+        }
+        assert_eq!(
+            serde_json::to_value(LineKind::Invalid).unwrap(),
+            json!("invalid")
+        );
+        assert_eq!(
+            serde_json::from_value::<LineKind>(json!("transfer")).unwrap(),
+            LineKind::Transfer
+        );
+    }
+
+    #[test]
     fn every_kind_round_trips_through_its_line() {
         let kinds = [
             Kind::Fail(v1::Fail::new(
@@ -288,16 +366,13 @@ mod tests {
             Command::try_from(invalid),
             Err(LineError::Invalid("not a pod".into()))
         );
-        let unknown = CommandLine {
-            kind: "explode".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            Command::try_from(unknown),
-            Err(LineError::UnknownKind("explode".into()))
+        let unknown = serde_json::from_value::<CommandLine>(json!({"kind": "explode"}));
+        assert!(
+            unknown.is_err_and(|e| e.to_string().contains("unknown variant `explode`")),
+            "an unknown kind is refused by name"
         );
         let no_reason = CommandLine {
-            kind: "fail".into(),
+            kind: LineKind::Fail,
             ..Default::default()
         };
         assert_eq!(

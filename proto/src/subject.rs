@@ -142,6 +142,34 @@ impl Role {
 /// The `Podstream-Role` header of pod-event messages: `event`, or `left` for the notice to a previous owner.
 pub const ROLE_HEADER: &str = "Podstream-Role";
 
+/// The header of a dead letter saying why it was dead-lettered.
+pub const REASON_HEADER: &str = "Podstream-Reason";
+
+/// The header of a dead letter naming the subject it came from or was meant for.
+pub const SOURCE_HEADER: &str = "Podstream-Source";
+
+/// The streams podstream writes, one per kind of subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Pod events: `<prefix>.pods.>`.
+    PodEvents,
+    /// Commands: `<prefix>.commands.>`.
+    Commands,
+    /// Dead letters: `<prefix>.dead.>`.
+    DeadLetters,
+}
+
+impl Stream {
+    /// The subject token after the prefix, and the stream name's suffix.
+    pub fn token(self) -> &'static str {
+        match self {
+            Stream::PodEvents => "pods",
+            Stream::Commands => "commands",
+            Stream::DeadLetters => "dead",
+        }
+    }
+}
+
 /// The pipeline stage that dead-lettered a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -202,52 +230,102 @@ impl Subjects {
 
     /// `<prefix>.pods.<owner>.<uid>`: one pod's events while `owner` owns it.
     pub fn pod_events(&self, owner: &str, uid: &str) -> String {
-        format!(
-            "{}.pods.{}.{}",
-            self.prefix,
-            encode_token(owner),
-            encode_token(uid)
-        )
+        self.of_pod(Stream::PodEvents, &encode_token(owner), uid)
     }
 
     /// `<prefix>.commands.<owner>.<uid>`: commands decided from one pod's events.
     pub fn commands(&self, owner: &str, uid: &str) -> String {
+        self.of_pod(Stream::Commands, &encode_token(owner), uid)
+    }
+
+    /// `<prefix>.pods.*.<uid>`: one pod's events, whoever owned it.
+    pub fn pod_events_of_any_owner(&self, uid: &str) -> String {
+        self.of_pod(Stream::PodEvents, "*", uid)
+    }
+
+    fn of_pod(&self, stream: Stream, owner_token: &str, uid: &str) -> String {
         format!(
-            "{}.commands.{}.{}",
+            "{}.{}.{owner_token}.{}",
             self.prefix,
-            encode_token(owner),
+            stream.token(),
             encode_token(uid)
         )
     }
 
     /// `<prefix>.pods.<owner>.*`, or `<prefix>.pods.>` for every owner.
     pub fn pod_events_filter(&self, owner: Option<&str>) -> String {
-        match owner {
-            Some(owner) => format!("{}.pods.{}.*", self.prefix, encode_token(owner)),
-            None => format!("{}.pods.>", self.prefix),
-        }
+        self.filter(Stream::PodEvents, owner)
     }
 
     /// `<prefix>.commands.<owner>.*`, or `<prefix>.commands.>` for every owner.
     pub fn commands_filter(&self, owner: Option<&str>) -> String {
+        self.filter(Stream::Commands, owner)
+    }
+
+    fn filter(&self, stream: Stream, owner: Option<&str>) -> String {
         match owner {
-            Some(owner) => format!("{}.commands.{}.*", self.prefix, encode_token(owner)),
-            None => format!("{}.commands.>", self.prefix),
+            Some(owner) => format!(
+                "{}.{}.{}.*",
+                self.prefix,
+                stream.token(),
+                encode_token(owner)
+            ),
+            None => self.stream_subjects(stream),
         }
     }
 
     /// `<prefix>.dead.<stage>`: what a stage could not handle, with its reason.
     pub fn dead_letters(&self, stage: Stage) -> String {
-        format!("{}.dead.{}", self.prefix, stage.token())
+        format!(
+            "{}.{}.{}",
+            self.prefix,
+            Stream::DeadLetters.token(),
+            stage.token()
+        )
+    }
+
+    /// `<prefix>.<token>.>`: every subject of `stream`.
+    pub fn stream_subjects(&self, stream: Stream) -> String {
+        format!("{}.{}.>", self.prefix, stream.token())
+    }
+
+    /// The stream's name: the prefix in capitals, `.` as `_`, then the stream's token
+    /// (`PODSTREAM_PODS` for `podstream`).
+    pub fn stream_name(&self, stream: Stream) -> String {
+        let prefix: String = self
+            .prefix
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{prefix}_{}", stream.token().to_ascii_uppercase())
+    }
+
+    /// The stream whose subjects `subject` is one of, by the token after the prefix.
+    pub fn stream_of(&self, subject: &str) -> Option<Stream> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix('.')?;
+        let token = rest.split('.').next()?;
+        [Stream::PodEvents, Stream::Commands, Stream::DeadLetters]
+            .into_iter()
+            .find(|stream| stream.token() == token)
     }
 
     /// Splits a pod-event or command subject into (owner, uid), decoded.
     pub fn parse(&self, subject: &str) -> Option<(String, String)> {
-        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix('.')?;
-        let mut tokens = rest.split('.');
-        let kind = tokens.next()?;
+        if !matches!(
+            self.stream_of(subject)?,
+            Stream::PodEvents | Stream::Commands
+        ) {
+            return None;
+        }
+        let mut tokens = subject.get(self.prefix.len() + 1..)?.split('.').skip(1);
         let (owner, uid) = (tokens.next()?, tokens.next()?);
-        if !(kind == "pods" || kind == "commands") || tokens.next().is_some() {
+        if tokens.next().is_some() {
             return None;
         }
         Some((decode_token(owner).ok()?, decode_token(uid).ok()?))
@@ -330,6 +408,48 @@ mod tests {
         );
         assert_eq!(s.parse("podstream.dead.sink"), None);
         assert_eq!(s.parse("other.pods.1.u"), None);
+        assert_eq!(s.parse("podstream.pods.1.u.extra"), None);
+        assert_eq!(s.pod_events_of_any_owner("u.1"), "podstream.pods.*.u~2E1");
+    }
+
+    #[test]
+    fn streams_have_one_name_and_one_subject_space_each() {
+        let s = Subjects::new("acme.podstream").unwrap();
+        let table = [
+            (
+                Stream::PodEvents,
+                "ACME_PODSTREAM_PODS",
+                "acme.podstream.pods.>",
+            ),
+            (
+                Stream::Commands,
+                "ACME_PODSTREAM_COMMANDS",
+                "acme.podstream.commands.>",
+            ),
+            (
+                Stream::DeadLetters,
+                "ACME_PODSTREAM_DEAD",
+                "acme.podstream.dead.>",
+            ),
+        ];
+        for (stream, name, subjects) in table {
+            assert_eq!(s.stream_name(stream), name);
+            assert_eq!(s.stream_subjects(stream), subjects);
+        }
+        assert_eq!(
+            s.stream_of("acme.podstream.pods.1.u"),
+            Some(Stream::PodEvents)
+        );
+        assert_eq!(
+            s.stream_of("acme.podstream.commands.1.u"),
+            Some(Stream::Commands)
+        );
+        assert_eq!(
+            s.stream_of(&s.dead_letters(Stage::Ingest)),
+            Some(Stream::DeadLetters)
+        );
+        assert_eq!(s.stream_of("acme.podstream.other.1"), None);
+        assert_eq!(s.stream_of("podstream.pods.1.u"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::Command;
-use podstream_proto::subject::{Stage, Subjects};
+use podstream_proto::subject::{Stage, Stream, Subjects};
 use prost::Message as _;
 
 use crate::apply::{Item, Outcome};
@@ -130,10 +130,14 @@ pub async fn run(
     let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
     let nats = podstream_bus::connect(&config.nats_url, "podstream-sink").await;
     let js = jetstream::new(nats);
-    let commands = streams::commands_stream(&config.prefix, &config.streams);
+    let commands = streams::stream_config(&subjects, Stream::Commands, &config.streams);
     let stream_name = commands.name.clone();
     streams::ensure(&js, commands).await?;
-    streams::ensure(&js, streams::dead_stream(&config.prefix, &config.streams)).await?;
+    streams::ensure(
+        &js,
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
+    )
+    .await?;
     let stream = js
         .get_stream(&stream_name)
         .await

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use podstream_bus::streams::{self, StreamSettings};
 use podstream_ingest::known::{KnownPods, Outgoing, Sighting};
 use podstream_proto::PodEvent;
-use podstream_proto::subject::Subjects;
+use podstream_proto::subject::{Stream, Subjects};
 use prost::Message as _;
 
 /// One stored message, decoded as far as the tests care.
@@ -172,7 +172,11 @@ impl PodFeed {
         let settings = podstream_bus::StreamSettings::default();
         podstream_bus::streams::ensure(
             &js,
-            podstream_bus::streams::pods_stream("podstream", &settings),
+            podstream_bus::streams::stream_config(
+                &Subjects::default(),
+                Stream::PodEvents,
+                &settings,
+            ),
         )
         .await
         .unwrap_or_else(|e| panic!("pod-events stream: {e}"));
@@ -252,7 +256,9 @@ pub async fn raw_publish_limit(
         RawShape::Bare => "rawbench",
         RawShape::LikeIngest => "rawingest",
     };
-    let mut config = streams::pods_stream(prefix, &StreamSettings::default());
+    let subjects = Subjects::new(prefix).unwrap_or_else(|e| panic!("{e}"));
+    let mut config =
+        streams::stream_config(&subjects, Stream::PodEvents, &StreamSettings::default());
     config.subjects = vec![format!("{prefix}.>")];
     // A stream left by an earlier run would take these ids as duplicates and store nothing.
     let _ = js.delete_stream(&config.name).await;

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Completed, ContainerTerminated, Duplicate, Fail, Running, Transfer};
 use podstream_proto::{Command, PodRef, TaskKey};
@@ -588,13 +589,13 @@ async fn ensure_streams(js: &jetstream::Context) {
     let settings = podstream_bus::StreamSettings::default();
     podstream_bus::streams::ensure(
         js,
-        podstream_bus::streams::commands_stream("podstream", &settings),
+        podstream_bus::streams::stream_config(&Subjects::default(), Stream::Commands, &settings),
     )
     .await
     .unwrap();
     podstream_bus::streams::ensure(
         js,
-        podstream_bus::streams::dead_stream("podstream", &settings),
+        podstream_bus::streams::stream_config(&Subjects::default(), Stream::DeadLetters, &settings),
     )
     .await
     .unwrap();
