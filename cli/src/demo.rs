@@ -53,10 +53,10 @@ pub struct DemoArgs {
     /// components), each with the stock KubernetesExecutor and with podstream-airflow's
     /// executor beside `podstream run`, and print their outcomes side by side (a few minutes;
     /// needs a checkout after scripts/setup.sh).
-    #[arg(long)]
+    #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW")]
     pub airflow: bool,
     /// With --airflow: the Airflow release line to run, from sink/airflow-versions.tsv.
-    #[arg(long, default_value = "3.1", requires = "airflow")]
+    #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VERSION", default_value = "3.1")]
     pub airflow_version: String,
 }
 
