@@ -60,8 +60,7 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
         let config = args.config();
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
         // A task on the runtime's workers, not the main thread's `block_on`: the watch and the
-        // NATS connection wake it many times a second, and there it measured 1.10x the
-        // events/s with less CPU (BENCHMARKS.md, ingest run 9).
+        // NATS connection wake it many times a second, and a worker serves that more cheaply.
         let ingest = tokio::spawn(service::run(config, kube, crate::signal::shutdown_signal()));
         let stats = ingest.await.context("the ingest task failed")??;
         eprintln!("ingest stopped: {stats}");

@@ -27,8 +27,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc rather than the system allocator: every event and command is a
-/// handful of short strings, and glibc's malloc costs the decision core a
-/// third of its time (BENCHMARKS.md, issue 2).
+/// handful of short strings, and glibc's malloc is slow at that (BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

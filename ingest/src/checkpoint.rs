@@ -29,10 +29,8 @@ use crate::known::{FastHash, Outgoing, Role, uid};
 const RESUME_KEY: &str = "resume";
 /// Prefix of shard keys: `pods.<shard>`, four digits.
 const SHARD_PREFIX: &str = "pods.";
-/// Prefix of the per-pod keys of earlier versions (`pod.<uid>`): read, then purged.
-const LEGACY_POD_PREFIX: &str = "pod.";
 /// Shards of the pods' entries. Changing it leaves keys past the new count to be purged
-/// after the first write, like the per-pod keys of earlier versions.
+/// after the first write.
 pub const SHARDS: usize = 1024;
 /// Writes in flight at once when flushing.
 const FLUSH_CONCURRENCY: usize = 64;
@@ -200,7 +198,6 @@ impl Checkpoint {
             return Ok(restored);
         }
         let mut sharded: HashMap<String, (PodEvent, Bytes)> = HashMap::new();
-        let mut legacy: HashMap<String, (PodEvent, Bytes)> = HashMap::new();
         let mut watch = self
             .kv
             .watch_with_history(">")
@@ -216,29 +213,22 @@ impl Checkpoint {
                 restored.resume = std::str::from_utf8(&entry.value)
                     .ok()
                     .and_then(|v| v.parse().ok());
-            } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX) {
-                if live {
-                    if !shard.parse::<usize>().is_ok_and(|s| s < SHARDS) {
-                        self.stale.push(entry.key.clone());
-                    }
-                    match decode_shard(&entry.value) {
-                        Ok(events) => sharded.extend(events.into_iter().filter_map(keyed)),
-                        Err(error) => {
-                            tracing::warn!(key = %entry.key, %error, "checkpoint shard unreadable; its pods count as unknown")
-                        }
+            } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX)
+                && live
+            {
+                if !shard.parse::<usize>().is_ok_and(|s| s < SHARDS) {
+                    self.stale.push(entry.key.clone());
+                }
+                match decode_shard(&entry.value) {
+                    Ok(events) => sharded.extend(events.into_iter().filter_map(keyed)),
+                    Err(error) => {
+                        tracing::warn!(key = %entry.key, %error, "checkpoint shard unreadable; its pods count as unknown")
                     }
                 }
-            } else if entry.key.starts_with(LEGACY_POD_PREFIX) && live {
-                self.stale.push(entry.key.clone());
-                legacy.extend(keyed(Bytes::copy_from_slice(&entry.value)));
             }
             if entry.delta == 0 {
                 break;
             }
-        }
-        // A pod in both layouts was written by the newer one last.
-        for (uid, entry) in legacy {
-            sharded.entry(uid).or_insert(entry);
         }
         let migrate = !self.stale.is_empty();
         for (uid, (event, encoded)) in sharded {

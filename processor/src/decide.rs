@@ -322,8 +322,7 @@ fn report_duplicates<'e>(
 
 /// Pushes onto a vector that nearly always ends up holding one item: the
 /// first push makes room for one, not the usual four (four commands or
-/// candidates are near 1 KiB, past the allocator's small-object classes;
-/// 3.4% fewer instructions in the core bench).
+/// candidates are near 1 KiB, past the allocator's small-object classes).
 fn push_sized<T>(items: &mut Vec<T>, item: T) {
     if items.capacity() == 0 {
         items.reserve_exact(1);

@@ -141,7 +141,7 @@ impl TaskRecord {
     }
 }
 
-/// `TaskRecord::pods` as a JSON object keyed by uid, as records have always been written.
+/// `TaskRecord::pods` as a JSON object keyed by uid (the KV form other tools read).
 mod by_uid {
     use super::{BTreeMap, PodRecord};
     use serde::{Deserialize, Deserializer, Serializer};

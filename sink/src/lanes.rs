@@ -1,7 +1,7 @@
 //! Applying commands in lanes, one per database connection. A task instance always goes to
-//! the same lane, so its commands keep their order; lanes never wait for one another. (A
-//! batch split over connections and joined again left every connection idle until the
-//! slowest part had committed: 15–25% fewer commands/s on PostgreSQL, see BENCHMARKS.md.)
+//! the same lane, so its commands keep their order; lanes never wait for one another (a
+//! batch split over connections and joined again would leave every connection idle until
+//! the slowest part had committed).
 //!
 //! A lane's batch is whatever is queued for it (up to the batch size), applied in one
 //! transaction with [`Database::apply_batch`] and retried with backoff while the database

@@ -24,8 +24,7 @@ use crate::lanes::{Applied, LaneConfig, Lanes};
 use crate::summary::Summary;
 
 /// Lanes (parallel transactions) by default: one more than the cores of a small database
-/// server, so the server has work while a lane is between statements (measured: 2 lanes
-/// 1.3×, 3 lanes 1.6× one connection's commands/s; BENCHMARKS.md).
+/// server, so the server has work while a lane is between statements (BENCHMARKS.md).
 pub const DEFAULT_CONNECTIONS: usize = 3;
 
 /// How the sink runs.
