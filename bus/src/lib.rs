@@ -1,6 +1,8 @@
 //! The NATS side every podstream component shares.
 //!
 //! - [`backoff`]: doubling delays between retries, shared by every retry loop.
+//! - [`config`]: the bus configuration every component shares (server, prefix, stream
+//!   settings) and its defaults.
 //! - [`connect`]: connecting to NATS, retrying with backoff and saying so.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
@@ -9,6 +11,7 @@
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
 
 pub mod backoff;
+pub mod config;
 pub mod connect;
 pub mod dead;
 pub mod local_server;
@@ -16,5 +19,6 @@ pub mod role;
 pub mod streams;
 
 pub use backoff::Backoff;
+pub use config::BusConfig;
 pub use connect::connect;
 pub use streams::{StreamError, StreamSettings};

@@ -22,8 +22,8 @@ impl Default for StreamSettings {
     fn default() -> Self {
         StreamSettings {
             replicas: 1,
-            duplicate_window: Duration::from_secs(120),
-            max_age: Duration::from_secs(7 * 24 * 3600),
+            duplicate_window: crate::config::default_duplicate_window(),
+            max_age: crate::config::default_max_age(),
             storage: stream::StorageType::File,
         }
     }

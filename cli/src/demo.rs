@@ -14,6 +14,7 @@ use anyhow::Context;
 use async_nats::jetstream;
 use clap::Args;
 use futures::StreamExt;
+use podstream_bus::BusConfig;
 use podstream_bus::local_server::{LocalServer, find_binary, free_port};
 use podstream_ingest::service::IngestConfig;
 use podstream_processor::service::ProcessConfig;
@@ -255,19 +256,13 @@ async fn airflow_watchers(
 
 fn config(nats_url: &str) -> PipelineConfig {
     PipelineConfig {
+        bus: BusConfig::at(nats_url),
         ingest: IngestConfig {
-            nats_url: nats_url.to_owned(),
             namespaces: vec![NS.into()],
             ..IngestConfig::default()
         },
-        process: ProcessConfig {
-            nats_url: nats_url.to_owned(),
-            ..ProcessConfig::default()
-        },
-        sink: SinkConfig {
-            nats_url: nats_url.to_owned(),
-            ..SinkConfig::default()
-        },
+        process: ProcessConfig::default(),
+        sink: SinkConfig::default(),
     }
 }
 

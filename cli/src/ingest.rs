@@ -5,7 +5,7 @@ use clap::Args;
 use podstream_ingest::service::{self, IngestConfig};
 
 use crate::kube_args::KubeArgs;
-use crate::stream_args::StreamArgs;
+use crate::stream_args::{NatsArgs, StreamArgs};
 
 /// Flags of `podstream ingest`.
 #[derive(Debug, Args)]
@@ -13,27 +13,30 @@ use crate::stream_args::StreamArgs;
     after_help = "Example:\n  KUBECONFIG=~/.kube/config podstream ingest --nats nats://127.0.0.1:4222 --namespaces airflow"
 )]
 pub struct IngestArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    #[command(flatten)]
+    pub nats: NatsArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
     /// Publishes awaiting their ack at most.
-    #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = 1024)]
+    #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = service::DEFAULT_ACK_WINDOW)]
     pub ack_window: usize,
     /// KV bucket of the ingest checkpoint.
     #[arg(
         long,
         env = "PODSTREAM_CHECKPOINT_BUCKET",
-        default_value = "podstream-ingest"
+        default_value = service::DEFAULT_CHECKPOINT_BUCKET
     )]
     pub checkpoint_bucket: String,
     /// Milliseconds between checkpoint writes at most: each write rewrites the shards whose
     /// pods changed. After a crash, what was published since the last write is published
     /// again, which the duplicate window absorbs, so it must stay well under that window.
-    #[arg(long, env = "PODSTREAM_CHECKPOINT_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(
+        long,
+        env = "PODSTREAM_CHECKPOINT_INTERVAL_MS",
+        default_value_t = service::DEFAULT_CHECKPOINT_INTERVAL_MS
+    )]
     pub checkpoint_interval_ms: u64,
 }
 
@@ -41,11 +44,9 @@ impl IngestArgs {
     /// The ingest configuration these flags describe.
     pub fn config(&self) -> IngestConfig {
         IngestConfig {
-            nats_url: self.nats.clone(),
-            prefix: self.streams.prefix.clone(),
+            bus: self.streams.bus(&self.nats.nats),
             namespaces: self.kube.namespaces(),
             kube_context: self.kube.kube_context.clone(),
-            streams: self.streams.settings(),
             ack_window: self.ack_window,
             checkpoint_bucket: self.checkpoint_bucket.clone(),
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),

@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use anyhow::Context as _;
+use podstream_bus::BusConfig;
 use podstream_ingest::service::{self as ingest, IngestConfig};
 use podstream_processor::service::{self as process, ProcessConfig};
 use podstream_sink::Database;
@@ -11,9 +12,11 @@ use podstream_sink::service::{self as sink, SinkConfig};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// The three components' configurations; they must agree on NATS URL, prefix and streams.
+/// The three components' configurations, on one bus: `bus` replaces each one's own.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
+    /// The NATS server, prefix and stream settings all three use.
+    pub bus: BusConfig,
     /// The ingest.
     pub ingest: IngestConfig,
     /// The processor.
@@ -40,10 +43,14 @@ impl Pipeline {
         };
         let mut tasks = JoinSet::new();
         let PipelineConfig {
-            ingest: ingest_config,
-            process: process_config,
-            sink: sink_config,
+            bus,
+            ingest: mut ingest_config,
+            process: mut process_config,
+            sink: mut sink_config,
         } = config;
+        ingest_config.bus = bus.clone();
+        process_config.bus = bus.clone();
+        sink_config.bus = bus;
         let stopped = until();
         tasks.spawn(async move {
             let stats = ingest::run(ingest_config, kube, stopped)

@@ -5,7 +5,7 @@ use clap::Args;
 use podstream_processor::service::{self, ProcessConfig};
 
 use crate::decide::RulesArgs;
-use crate::stream_args::StreamArgs;
+use crate::stream_args::{NatsArgs, StreamArgs};
 
 /// Flags of `podstream process`.
 #[derive(Debug, Args)]
@@ -13,9 +13,8 @@ use crate::stream_args::StreamArgs;
     after_help = "Examples:\n  podstream process --nats nats://127.0.0.1:4222\n  podstream process --nats nats://nats:4222 --scheduler 1,7    # only these schedulers' pods"
 )]
 pub struct ProcessArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    #[command(flatten)]
+    pub nats: NatsArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
     /// Schedulers (`airflow-worker` values) to process, comma-separated; every scheduler when
@@ -26,31 +25,31 @@ pub struct ProcessArgs {
     #[arg(
         long,
         env = "PODSTREAM_PROCESS_CONSUMER",
-        default_value = "podstream-process"
+        default_value = service::DEFAULT_CONSUMER
     )]
     pub consumer: String,
     /// KV bucket of the per-task-instance state.
     #[arg(
         long,
         env = "PODSTREAM_PROCESS_BUCKET",
-        default_value = "podstream-process"
+        default_value = service::DEFAULT_BUCKET
     )]
     pub bucket: String,
     /// Pod events fetched at once.
-    #[arg(long, env = "PODSTREAM_PROCESS_BATCH_SIZE", default_value_t = 256)]
+    #[arg(long, env = "PODSTREAM_PROCESS_BATCH_SIZE", default_value_t = service::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
     /// Task instances decided concurrently.
-    #[arg(long, env = "PODSTREAM_PROCESS_CONCURRENCY", default_value_t = 64)]
+    #[arg(long, env = "PODSTREAM_PROCESS_CONCURRENCY", default_value_t = service::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Seconds a silent instance keeps its consumer before a standby instance takes over.
-    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = 5)]
+    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = service::DEFAULT_FAILOVER_SECONDS)]
     pub failover_seconds: u64,
     /// Task records kept in memory with their KV revisions, so a task instance's next event
     /// needs no read (compare-and-set still guards every write); 0 reads each from KV.
     #[arg(
         long,
         env = "PODSTREAM_PROCESS_CACHED_RECORDS",
-        default_value_t = 8_192
+        default_value_t = service::DEFAULT_CACHED_RECORDS
     )]
     pub cached_records: usize,
     #[command(flatten)]
@@ -61,8 +60,7 @@ impl ProcessArgs {
     /// The processor configuration these flags describe.
     pub fn config(&self) -> ProcessConfig {
         ProcessConfig {
-            nats_url: self.nats.clone(),
-            prefix: self.streams.prefix.clone(),
+            bus: self.streams.bus(&self.nats.nats),
             schedulers: self
                 .scheduler
                 .iter()
@@ -76,7 +74,6 @@ impl ProcessArgs {
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             cached_records: self.cached_records,
-            streams: self.streams.settings(),
         }
     }
 }

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::stream_args::{NatsArgs, PrefixArgs};
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use clap::Args;
 use futures::StreamExt;
 use podstream_processor::{MemoryStore, Processor};
-use podstream_proto::subject::{ROLE_HEADER, Role, Stream, Subjects};
+use podstream_proto::subject::{ROLE_HEADER, Role, Stream};
 use podstream_proto::{Command, PodEvent, TaskKey};
 use prost::Message as _;
 use time::OffsetDateTime;
@@ -25,12 +26,10 @@ use crate::lines;
     podstream replay --since 1 --pod etl-load-x7k2 --json\n  \
     podstream replay --since 1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?")]
 pub struct ReplayArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
-    nats: String,
-    /// Subject prefix.
-    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
-    prefix: String,
+    #[command(flatten)]
+    nats: NatsArgs,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     /// Where to start: an RFC 3339 time (both streams) or a sequence of the pod-events stream
     /// (commands from that event's time on).
     #[arg(long, env = "PODSTREAM_REPLAY_SINCE")]
@@ -149,8 +148,8 @@ struct Entry {
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
-        let subjects = Subjects::new(&args.prefix).context("invalid --prefix")?;
-        let client = podstream_bus::connect(&args.nats, "podstream-replay").await;
+        let subjects = args.prefix.subjects()?;
+        let client = podstream_bus::connect(&args.nats.nats, "podstream-replay").await;
         let js = jetstream::new(client);
         let pods_name = subjects.stream_name(Stream::PodEvents);
         let commands_name = subjects.stream_name(Stream::Commands);

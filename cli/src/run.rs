@@ -48,28 +48,18 @@ pub struct RunArgs {
 
 impl RunArgs {
     fn config(&self, nats_url: &str, applied_retention: Option<Duration>) -> PipelineConfig {
-        let prefix = self.streams.prefix.clone();
-        let streams = self.streams.settings();
         PipelineConfig {
+            bus: self.streams.bus(nats_url),
             ingest: IngestConfig {
-                nats_url: nats_url.to_owned(),
-                prefix: prefix.clone(),
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),
-                streams: streams.clone(),
                 ..IngestConfig::default()
             },
             process: ProcessConfig {
-                nats_url: nats_url.to_owned(),
-                prefix: prefix.clone(),
                 rules: self.rules.rules(),
-                streams: streams.clone(),
                 ..ProcessConfig::default()
             },
             sink: SinkConfig {
-                nats_url: nats_url.to_owned(),
-                prefix,
-                streams,
                 applied_retention,
                 ..SinkConfig::default()
             },

@@ -9,7 +9,7 @@ use podstream_sink::service::{self, SinkConfig};
 
 use crate::db_args::DbArgs;
 use crate::retention_args::RetentionArgs;
-use crate::stream_args::StreamArgs;
+use crate::stream_args::{NatsArgs, StreamArgs};
 
 /// Flags of `podstream sink`.
 #[derive(Debug, Args)]
@@ -17,9 +17,8 @@ use crate::stream_args::StreamArgs;
     after_help = "Example:\n  PODSTREAM_DB_PASSWORD=... podstream sink --nats nats://127.0.0.1:4222 --db postgres://airflow@db:5432/airflow"
 )]
 pub struct SinkArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
-    nats: String,
+    #[command(flatten)]
+    nats: NatsArgs,
     #[command(flatten)]
     streams: StreamArgs,
     #[command(flatten)]
@@ -28,11 +27,11 @@ pub struct SinkArgs {
     #[arg(
         long,
         env = "PODSTREAM_SINK_CONSUMER",
-        default_value = "podstream-sink"
+        default_value = service::DEFAULT_CONSUMER
     )]
     consumer: String,
     /// Commands per transaction at most.
-    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = service::DEFAULT_BATCH_SIZE)]
     batch_size: usize,
     /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
     #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 0)]
@@ -48,20 +47,18 @@ pub struct SinkArgs {
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
-    let streams = args.streams.settings();
-    let applied_retention = args.retention.retention(streams.max_age)?;
+    let bus = args.streams.bus(&args.nats.nats);
+    let applied_retention = args.retention.retention(bus.streams.max_age)?;
     runtime.block_on(async {
         let db = Database::connect(&args.db.url()?)
             .await?
             .with_policy(args.db.policy());
         let config = SinkConfig {
-            nats_url: args.nats.clone(),
-            prefix: args.streams.prefix.clone(),
+            bus,
             consumer: args.consumer.clone(),
             batch_size: args.batch_size,
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             connections: args.connections,
-            streams,
             applied_retention,
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;

@@ -1,17 +1,44 @@
-//! Flags every component that talks to JetStream shares: the subject prefix and the
-//! settings of the streams it makes sure of.
+//! Flags every component that talks to JetStream shares: the NATS server, the subject
+//! prefix, and the settings of the streams it makes sure of. Their defaults are the bus's.
 
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
-use podstream_bus::StreamSettings;
+use podstream_bus::config::{
+    DEFAULT_DUPLICATE_WINDOW_SECONDS, DEFAULT_MAX_AGE_HOURS, DEFAULT_NATS_URL,
+};
+use podstream_bus::{BusConfig, StreamSettings};
+use podstream_proto::subject::{DEFAULT_PREFIX, Subjects};
+
+/// The NATS server to connect to.
+#[derive(Debug, Clone, Args)]
+pub struct NatsArgs {
+    /// NATS server with JetStream.
+    #[arg(long, env = "PODSTREAM_NATS", default_value = DEFAULT_NATS_URL)]
+    pub nats: String,
+}
+
+/// The subject prefix.
+#[derive(Debug, Clone, Args)]
+pub struct PrefixArgs {
+    /// Subject prefix; streams are named after it (PODSTREAM_PODS, PODSTREAM_COMMANDS, PODSTREAM_DEAD).
+    #[arg(long, env = "PODSTREAM_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+}
+
+impl PrefixArgs {
+    /// The subjects under the prefix, or why it is not one.
+    pub fn subjects(&self) -> anyhow::Result<Subjects> {
+        Subjects::new(&self.prefix).context("invalid --prefix")
+    }
+}
 
 /// Subject prefix and stream settings.
 #[derive(Debug, Clone, Args)]
 pub struct StreamArgs {
-    /// Subject prefix; streams are named after it (PODSTREAM_PODS, PODSTREAM_COMMANDS, PODSTREAM_DEAD).
-    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
-    pub prefix: String,
+    #[command(flatten)]
+    pub prefix: PrefixArgs,
     /// Stream and bucket replicas (3 on a JetStream cluster).
     #[arg(long, env = "PODSTREAM_STREAM_REPLICAS", default_value_t = 1)]
     pub stream_replicas: usize,
@@ -19,11 +46,11 @@ pub struct StreamArgs {
     #[arg(
         long,
         env = "PODSTREAM_DUPLICATE_WINDOW_SECONDS",
-        default_value_t = 120
+        default_value_t = DEFAULT_DUPLICATE_WINDOW_SECONDS
     )]
     pub duplicate_window_seconds: u64,
     /// Hours messages are kept for replay.
-    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS", default_value_t = 168)]
+    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS", default_value_t = DEFAULT_MAX_AGE_HOURS)]
     pub max_age_hours: u64,
 }
 
@@ -35,6 +62,15 @@ impl StreamArgs {
             duplicate_window: Duration::from_secs(self.duplicate_window_seconds),
             max_age: Duration::from_secs(self.max_age_hours * 3600),
             ..StreamSettings::default()
+        }
+    }
+
+    /// The bus configuration of these flags on the NATS server at `nats_url`.
+    pub fn bus(&self, nats_url: &str) -> BusConfig {
+        BusConfig {
+            nats_url: nats_url.to_owned(),
+            prefix: self.prefix.prefix.clone(),
+            streams: self.settings(),
         }
     }
 }

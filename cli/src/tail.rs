@@ -1,9 +1,10 @@
 //! `podstream tail`: pod events and commands as they happen, for people or for `jq`.
 
+use crate::stream_args::{NatsArgs, PrefixArgs};
 use anyhow::Context;
 use clap::Args;
 use futures::StreamExt;
-use podstream_proto::subject::{ROLE_HEADER, Subjects};
+use podstream_proto::subject::ROLE_HEADER;
 
 use crate::lines;
 
@@ -13,12 +14,10 @@ use crate::lines;
     after_help = "Examples:\n  podstream tail --scheduler 42\n  podstream tail --json | jq 'select(.kind == \"fail\")'"
 )]
 pub struct TailArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = "nats://127.0.0.1:4222")]
-    nats: String,
-    /// Subject prefix.
-    #[arg(long, env = "PODSTREAM_PREFIX", default_value = "podstream")]
-    prefix: String,
+    #[command(flatten)]
+    nats: NatsArgs,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     /// Only this scheduler's subjects (its job id, the `airflow-worker` value).
     #[arg(long, env = "PODSTREAM_SCHEDULER")]
     scheduler: Option<String>,
@@ -31,8 +30,8 @@ pub struct TailArgs {
 pub fn run(args: &TailArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
-        let subjects = Subjects::new(&args.prefix).context("invalid --prefix")?;
-        let client = podstream_bus::connect(&args.nats, "podstream-tail").await;
+        let subjects = args.prefix.subjects()?;
+        let client = podstream_bus::connect(&args.nats.nats, "podstream-tail").await;
         let scheduler = args.scheduler.as_deref();
         let pods = client
             .subscribe(subjects.pod_events_filter(scheduler))

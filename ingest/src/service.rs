@@ -20,8 +20,9 @@ use bytes::Bytes;
 use futures::{StreamExt, stream::BoxStream};
 use kube::api::{Api, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use podstream_bus::BusConfig;
 use podstream_bus::dead::DeadLetter;
-use podstream_bus::streams::{self, StreamSettings};
+use podstream_bus::streams;
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use podstream_proto::v1::EventType;
@@ -49,16 +50,12 @@ const REPLAY_IDLE: Duration = Duration::from_millis(200);
 /// How the ingest runs.
 #[derive(Debug, Clone)]
 pub struct IngestConfig {
-    /// NATS server URL.
-    pub nats_url: String,
-    /// Subject prefix (`podstream`).
-    pub prefix: String,
+    /// The NATS server, the subject prefix, the settings of the streams it creates.
+    pub bus: BusConfig,
     /// Namespaces to watch; empty means all.
     pub namespaces: Vec<String>,
     /// The kubeconfig context, when not the current one.
     pub kube_context: Option<String>,
-    /// Settings of the streams it creates.
-    pub streams: StreamSettings,
     /// Publishes awaiting their ack at most.
     pub ack_window: usize,
     /// The checkpoint KV bucket.
@@ -70,17 +67,22 @@ pub struct IngestConfig {
 impl Default for IngestConfig {
     fn default() -> Self {
         IngestConfig {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            prefix: "podstream".into(),
+            bus: BusConfig::default(),
             namespaces: Vec::new(),
             kube_context: None,
-            streams: StreamSettings::default(),
-            ack_window: 1024,
-            checkpoint_bucket: "podstream-ingest".into(),
-            checkpoint_interval: Duration::from_secs(1),
+            ack_window: DEFAULT_ACK_WINDOW,
+            checkpoint_bucket: DEFAULT_CHECKPOINT_BUCKET.into(),
+            checkpoint_interval: Duration::from_millis(DEFAULT_CHECKPOINT_INTERVAL_MS),
         }
     }
 }
+
+/// Publishes awaiting their ack at most, by default.
+pub const DEFAULT_ACK_WINDOW: usize = 1024;
+/// The checkpoint KV bucket by default.
+pub const DEFAULT_CHECKPOINT_BUCKET: &str = "podstream-ingest";
+/// How often the checkpoint is written at most, by default, in milliseconds.
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 1000;
 
 /// Counters the ingest reports when it stops.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -131,28 +133,28 @@ pub async fn run(
     kube: kube::Client,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<IngestStats> {
-    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
+    let subjects = config.bus.subjects().context("invalid --prefix")?;
     // Crash recovery republishes what was published since the last checkpoint write; only
     // the duplicate window makes that harmless.
-    if config.checkpoint_interval * 2 > config.streams.duplicate_window {
+    if config.checkpoint_interval * 2 > config.bus.streams.duplicate_window {
         anyhow::bail!(
             "the checkpoint interval ({:?}) must be under half the duplicate window ({:?})",
             config.checkpoint_interval,
-            config.streams.duplicate_window
+            config.bus.streams.duplicate_window
         );
     }
-    let nats = podstream_bus::connect(&config.nats_url, "podstream-ingest").await;
+    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-ingest").await;
     let js = jetstream::new(nats);
     for stream in [
-        streams::stream_config(&subjects, Stream::PodEvents, &config.streams),
-        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
+        streams::stream_config(&subjects, Stream::PodEvents, &config.bus.streams),
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     ] {
         streams::ensure(&js, stream).await?;
     }
     let mut checkpoint = Checkpoint::open(
         &js,
         &config.checkpoint_bucket,
-        config.streams.replicas,
+        config.bus.streams.replicas,
         config.checkpoint_interval,
     )
     .await?;

@@ -37,8 +37,9 @@ use async_nats::jetstream::{self, AckKind, consumer::pull, kv, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 use podstream_bus::Backoff;
+use podstream_bus::BusConfig;
 use podstream_bus::dead::{self, DeadLetter};
-use podstream_bus::streams::{self, StreamSettings};
+use podstream_bus::streams;
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Role, Stage, Stream, Subjects, encode_token};
 use podstream_proto::v1::Command;
@@ -54,10 +55,8 @@ use crate::rules::Rules;
 /// How the processor runs.
 #[derive(Debug, Clone)]
 pub struct ProcessConfig {
-    /// NATS server URL.
-    pub nats_url: String,
-    /// Subject prefix.
-    pub prefix: String,
+    /// The NATS server, the subject prefix, the settings of the streams and the bucket.
+    pub bus: BusConfig,
     /// Schedulers (owners) to process; empty means every owner.
     pub schedulers: Vec<String>,
     /// Durable consumer name, suffixed with the scheduler when `schedulers` is set.
@@ -74,9 +73,20 @@ pub struct ProcessConfig {
     pub failover: Duration,
     /// Task records kept in memory with their KV revisions (0: read each one from KV).
     pub cached_records: usize,
-    /// Settings of the streams and the bucket.
-    pub streams: StreamSettings,
 }
+
+/// The durable consumer's name by default (and the bucket's).
+pub const DEFAULT_CONSUMER: &str = "podstream-process";
+/// The KV bucket of task records by default.
+pub const DEFAULT_BUCKET: &str = "podstream-process";
+/// Pod events fetched at once per consumer, by default.
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// Task instances decided concurrently within a batch, by default.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+/// Seconds a silent instance keeps its consumer before a standby takes over, by default.
+pub const DEFAULT_FAILOVER_SECONDS: u64 = 5;
+/// Task records kept in memory, by default.
+pub const DEFAULT_CACHED_RECORDS: usize = 8_192;
 
 /// The priority group every processor pulls in; the server pins one instance per consumer.
 const PRIORITY_GROUP: &str = "podstream";
@@ -84,17 +94,15 @@ const PRIORITY_GROUP: &str = "podstream";
 impl Default for ProcessConfig {
     fn default() -> Self {
         ProcessConfig {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            prefix: "podstream".into(),
+            bus: BusConfig::default(),
             schedulers: Vec::new(),
-            consumer: "podstream-process".into(),
-            bucket: "podstream-process".into(),
+            consumer: DEFAULT_CONSUMER.into(),
+            bucket: DEFAULT_BUCKET.into(),
             rules: Rules::default(),
-            batch_size: 256,
-            concurrency: 64,
-            failover: Duration::from_secs(5),
-            cached_records: 8_192,
-            streams: StreamSettings::default(),
+            batch_size: DEFAULT_BATCH_SIZE,
+            concurrency: DEFAULT_CONCURRENCY,
+            failover: Duration::from_secs(DEFAULT_FAILOVER_SECONDS),
+            cached_records: DEFAULT_CACHED_RECORDS,
         }
     }
 }
@@ -140,20 +148,20 @@ pub async fn run(
     config: ProcessConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ProcessStats> {
-    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
-    let nats = podstream_bus::connect(&config.nats_url, "podstream-process").await;
+    let subjects = config.bus.subjects().context("invalid --prefix")?;
+    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-process").await;
     let js = jetstream::new(nats);
-    let pods = streams::stream_config(&subjects, Stream::PodEvents, &config.streams);
+    let pods = streams::stream_config(&subjects, Stream::PodEvents, &config.bus.streams);
     let pods_name = pods.name.clone();
     streams::ensure(&js, pods).await?;
     streams::ensure(
         &js,
-        streams::stream_config(&subjects, Stream::Commands, &config.streams),
+        streams::stream_config(&subjects, Stream::Commands, &config.bus.streams),
     )
     .await?;
     streams::ensure(
         &js,
-        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     )
     .await?;
     let pods = js
@@ -253,9 +261,9 @@ async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow:
         description: "podstream processor: per task instance, its pods' states".into(),
         history: 1,
         // Records of TIs without events for this long go; no event older can be redelivered.
-        max_age: config.streams.max_age,
+        max_age: config.bus.streams.max_age,
         storage: stream::StorageType::File,
-        num_replicas: config.streams.replicas,
+        num_replicas: config.bus.streams.replicas,
         ..Default::default()
     };
     streams::bucket(js, wanted)

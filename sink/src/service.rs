@@ -11,8 +11,9 @@ use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures::{StreamExt, TryStreamExt};
 use podstream_bus::Backoff;
+use podstream_bus::BusConfig;
 use podstream_bus::dead::DeadLetter;
-use podstream_bus::streams::{self, StreamSettings};
+use podstream_bus::streams;
 use podstream_proto::Command;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use prost::Message as _;
@@ -26,14 +27,16 @@ use crate::summary::Summary;
 /// Lanes (parallel transactions) by default: one more than the cores of a small database
 /// server, so the server has work while a lane is between statements (BENCHMARKS.md).
 pub const DEFAULT_CONNECTIONS: usize = 3;
+/// The durable consumer's name by default; sinks with the same name share the work.
+pub const DEFAULT_CONSUMER: &str = "podstream-sink";
+/// Commands per transaction at most, by default.
+pub const DEFAULT_BATCH_SIZE: usize = 500;
 
 /// How the sink runs.
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
-    /// NATS server URL.
-    pub nats_url: String,
-    /// Subject prefix.
-    pub prefix: String,
+    /// The NATS server, the subject prefix, the settings of the streams it makes sure of.
+    pub bus: BusConfig,
     /// Durable consumer name; sinks with the same name share the work.
     pub consumer: String,
     /// Commands per transaction at most.
@@ -42,8 +45,6 @@ pub struct SinkConfig {
     pub batch_wait: Duration,
     /// Lanes on PostgreSQL, each a transaction at a time, commands routed by TI (SQLite: one).
     pub connections: usize,
-    /// Settings of the streams it makes sure of.
-    pub streams: StreamSettings,
     /// How long `podstream_applied` keeps command ids (`None`: forever); see [`retention`].
     ///
     /// [`retention`]: crate::retention
@@ -53,15 +54,13 @@ pub struct SinkConfig {
 impl Default for SinkConfig {
     fn default() -> Self {
         SinkConfig {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            prefix: "podstream".into(),
-            consumer: "podstream-sink".into(),
-            batch_size: 500,
+            bus: BusConfig::default(),
+            consumer: DEFAULT_CONSUMER.into(),
+            batch_size: DEFAULT_BATCH_SIZE,
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
-            streams: StreamSettings::default(),
             applied_retention: Some(crate::retention::default_applied_retention(
-                StreamSettings::default().max_age,
+                podstream_bus::config::default_max_age(),
             )),
         }
     }
@@ -126,15 +125,15 @@ pub async fn run(
     db: Database,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
-    let subjects = Subjects::new(&config.prefix).context("invalid --prefix")?;
-    let nats = podstream_bus::connect(&config.nats_url, "podstream-sink").await;
+    let subjects = config.bus.subjects().context("invalid --prefix")?;
+    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-sink").await;
     let js = jetstream::new(nats);
-    let commands = streams::stream_config(&subjects, Stream::Commands, &config.streams);
+    let commands = streams::stream_config(&subjects, Stream::Commands, &config.bus.streams);
     let stream_name = commands.name.clone();
     streams::ensure(&js, commands).await?;
     streams::ensure(
         &js,
-        streams::stream_config(&subjects, Stream::DeadLetters, &config.streams),
+        streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     )
     .await?;
     let stream = js

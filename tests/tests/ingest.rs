@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use podstream_bus::BusConfig;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,7 +30,7 @@ struct Ingest {
 async fn start_ingest(sim: &Server, nats: &str) -> Ingest {
     podstream_tests::init_tracing();
     let config = IngestConfig {
-        nats_url: nats.to_owned(),
+        bus: BusConfig::at(nats),
         checkpoint_interval: Duration::from_millis(50),
         ..IngestConfig::default()
     };
@@ -677,7 +678,7 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
 async fn a_checkpoint_interval_near_the_duplicate_window_is_refused() {
     let sim = sim().await;
     let config = IngestConfig {
-        nats_url: "nats://127.0.0.1:1".into(),
+        bus: BusConfig::at("nats://127.0.0.1:1"),
         checkpoint_interval: Duration::from_secs(61),
         ..IngestConfig::default()
     };

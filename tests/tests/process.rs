@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use podstream_bus::BusConfig;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ struct Processor {
 
 fn start(nats: &str, schedulers: &[&str], batch_size: usize) -> Processor {
     start_with(ProcessConfig {
-        nats_url: nats.to_owned(),
+        bus: BusConfig::at(nats),
         schedulers: schedulers.iter().map(|s| (*s).to_owned()).collect(),
         batch_size,
         ..ProcessConfig::default()
@@ -408,7 +409,7 @@ async fn two_rounds(vouched: bool, cached_records: usize) -> (Vec<(String, Strin
         feed = feed.unvouched();
     }
     let processor = start_with(ProcessConfig {
-        nats_url: nats.url(),
+        bus: BusConfig::at(&nats.url()),
         cached_records,
         ..ProcessConfig::default()
     });

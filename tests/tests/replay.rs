@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use podstream_bus::BusConfig;
 use std::process::Command as Process;
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let processor = tokio::spawn(service::run(
         ProcessConfig {
-            nats_url: nats.url(),
+            bus: BusConfig::at(&nats.url()),
             ..ProcessConfig::default()
         },
         async move {

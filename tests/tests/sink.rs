@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use podstream_bus::BusConfig;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -610,7 +611,7 @@ fn start_sink(
 ) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let config = SinkConfig {
-        nats_url: nats.to_owned(),
+        bus: BusConfig::at(nats),
         ..SinkConfig::default()
     };
     let task = tokio::spawn(async move {
@@ -649,7 +650,7 @@ async fn beside_executors_that_fail_tasks_the_sink_only_records_fails() {
 
     let sink_mode = service::run(
         SinkConfig {
-            nats_url: nats.url(),
+            bus: BusConfig::at(&nats.url()),
             ..SinkConfig::default()
         },
         db.clone(),

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use podstream_bus::BusConfig;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -85,7 +86,7 @@ async fn tail_shows_a_relabel_on_both_schedulers_subjects() {
     let everyone = Tail::start(&nats.url(), &[]);
     let scheduler_1 = Tail::start(&nats.url(), &["--scheduler", "1"]);
     let config = IngestConfig {
-        nats_url: nats.url(),
+        bus: BusConfig::at(&nats.url()),
         ..IngestConfig::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

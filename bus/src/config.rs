@@ -1,0 +1,61 @@
+//! Where podstream's streams are and how they are kept: the one bus configuration every
+//! component that talks to JetStream shares, with its defaults.
+
+use std::time::Duration;
+
+use podstream_proto::subject::{DEFAULT_PREFIX, Subjects, TokenError};
+
+use crate::StreamSettings;
+
+/// The NATS server a component connects to unless told otherwise.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+/// Seconds in which a re-published message is dropped as a duplicate, by default.
+pub const DEFAULT_DUPLICATE_WINDOW_SECONDS: u64 = 120;
+/// Hours messages are kept for replay, by default.
+pub const DEFAULT_MAX_AGE_HOURS: u64 = 7 * 24;
+
+/// The NATS server, the subject prefix, and the settings of the streams and buckets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusConfig {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Subject prefix; the streams are named after it.
+    pub prefix: String,
+    /// Settings of the streams and buckets a component makes sure of.
+    pub streams: StreamSettings,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            nats_url: DEFAULT_NATS_URL.to_owned(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            streams: StreamSettings::default(),
+        }
+    }
+}
+
+impl BusConfig {
+    /// The default prefix and stream settings on the NATS server at `nats_url`.
+    pub fn at(nats_url: &str) -> BusConfig {
+        BusConfig {
+            nats_url: nats_url.to_owned(),
+            ..BusConfig::default()
+        }
+    }
+
+    /// The subjects under this prefix, or why the prefix is not one.
+    pub fn subjects(&self) -> Result<Subjects, TokenError> {
+        Subjects::new(&self.prefix)
+    }
+}
+
+/// The default duplicate window.
+pub fn default_duplicate_window() -> Duration {
+    Duration::from_secs(DEFAULT_DUPLICATE_WINDOW_SECONDS)
+}
+
+/// The default replay horizon.
+pub fn default_max_age() -> Duration {
+    Duration::from_secs(DEFAULT_MAX_AGE_HOURS * 3600)
+}
