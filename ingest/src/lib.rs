@@ -4,6 +4,8 @@
 //!   or a typed reason why it cannot be.
 //! - [`known`]: what the ingest publishes for each observed pod (the pure core: skips,
 //!   owner notices, synthesized deletes).
+//! - [`listing`]: what one watched scope's list is doing (held back or streaming), as a
+//!   state machine.
 //! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
 //!   checkpoint; [`service`]: `podstream ingest`, the watch loop that ties them together.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
@@ -15,6 +17,7 @@
 
 pub mod checkpoint;
 pub mod known;
+pub mod listing;
 pub mod pod_json;
 pub mod projection;
 pub mod publisher;

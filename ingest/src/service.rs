@@ -29,6 +29,7 @@ use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
 use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
+use crate::listing::{FinishedList, ListAction, ListInput, ListState};
 use crate::projection::OWNER_LABEL;
 use crate::publisher::{Acked, Message, Publisher};
 use crate::watched_pod::WatchedPod;
@@ -188,7 +189,8 @@ pub async fn run(
     ingest.cursor = restored.resume;
     tokio::pin!(shutdown);
     let mut events = read_ahead(watch_all(&apis, ingest.subjects.clone()), READ_AHEAD);
-    let mut listings: Vec<Option<Listing>> = (0..apis.len()).map(|_| None).collect();
+    let mut lists: Vec<ListState<Projected>> =
+        (0..apis.len()).map(|_| ListState::Watching).collect();
     let mut tick = tokio::time::interval(ACK_POLL);
     loop {
         tokio::select! {
@@ -201,32 +203,19 @@ pub async fn run(
                 let mut taken = 0;
                 while let Some((index, item)) = next.take() {
                     let scope = || apis.get(index).and_then(|(scope, _)| scope.as_deref());
-                    match item {
-                        Watched::Listed { uid, pod } => {
-                            let listing = listings[index].get_or_insert_with(|| Listing::starting_at(ingest.cursor));
-                            if let Some(uid) = uid {
-                                listing.seen.insert(uid);
+                    match (item, lists.get_mut(index)) {
+                        (Watched::List(input), Some(list)) => match list.on(input, ingest.cursor) {
+                            ListAction::Hold => {}
+                            ListAction::Flush => ingest.send_staged().await,
+                            ListAction::Publish(pod, sighting) => ingest.stage(pod, sighting),
+                            ListAction::Finish(finished) => {
+                                ingest.send_staged().await;
+                                let api = apis.get(index).map(|(_, api)| api.clone());
+                                ingest.after_list(scope(), api, finished).await;
                             }
-                            if listing.replay_from.is_some() {
-                                // Held back: the history replay goes first.
-                                listing.items.push(pod);
-                            } else {
-                                // Nothing to replay: publish as the list streams in.
-                                ingest.stage(pod, Sighting::Listing);
-                            }
-                        }
-                        Watched::Changed(pod) => ingest.stage(pod, Sighting::Watch),
-                        Watched::ListStarted => {
-                            ingest.send_staged().await;
-                            listings[index] = Some(Listing::starting_at(ingest.cursor));
-                        }
-                        Watched::ListDone => {
-                            ingest.send_staged().await;
-                            let listing = listings[index].take().unwrap_or_default();
-                            let api = apis.get(index).map(|(_, api)| api.clone());
-                            ingest.after_list(scope(), api, listing).await;
-                        }
-                        Watched::Failed(error) => tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff"),
+                        },
+                        (Watched::List(_), None) => {}
+                        (Watched::Failed(error), _) => tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff"),
                     }
                     taken += 1;
                     if taken < BURST {
@@ -242,14 +231,8 @@ pub async fn run(
 
 /// A watch item as the publishing loop takes it: its pod already projected.
 enum Watched {
-    /// A list began.
-    ListStarted,
-    /// A pod of the list, with its uid when it has one.
-    Listed { uid: Option<String>, pod: Projected },
-    /// The list is complete.
-    ListDone,
-    /// A pod changed or was deleted, seen by the live watch.
-    Changed(Projected),
+    /// What the scope's list state machine takes (see [`crate::listing`]).
+    List(ListInput<Projected>),
     /// The watch failed; kube-runtime retries with backoff.
     Failed(Box<watcher::Error>),
 }
@@ -259,22 +242,23 @@ impl Watched {
         subjects: &Subjects,
         item: Result<watcher::Event<WatchedPod>, watcher::Error>,
     ) -> Watched {
-        match item {
-            Ok(watcher::Event::Init) => Watched::ListStarted,
-            Ok(watcher::Event::InitApply(pod)) => Watched::Listed {
+        let input = match item {
+            Ok(watcher::Event::Init) => ListInput::Started,
+            Ok(watcher::Event::InitApply(pod)) => ListInput::Listed {
                 // Cloned, not taken: an unusable pod's dead letter names its uid.
                 uid: pod.metadata.uid.clone(),
                 pod: project(subjects, EventType::Added, pod),
             },
-            Ok(watcher::Event::InitDone) => Watched::ListDone,
+            Ok(watcher::Event::InitDone) => ListInput::Done,
             Ok(watcher::Event::Apply(pod)) => {
-                Watched::Changed(project(subjects, EventType::Modified, pod))
+                ListInput::Changed(project(subjects, EventType::Modified, pod))
             }
             Ok(watcher::Event::Delete(pod)) => {
-                Watched::Changed(project(subjects, EventType::Deleted, pod))
+                ListInput::Changed(project(subjects, EventType::Deleted, pod))
             }
-            Err(error) => Watched::Failed(Box::new(error)),
-        }
+            Err(error) => return Watched::Failed(Box::new(error)),
+        };
+        Watched::List(input)
     }
 }
 
@@ -321,24 +305,6 @@ fn read_ahead<T: Send + 'static>(
         }
     });
     reader
-}
-
-/// A list in progress: held back until complete when history is to be replayed first.
-#[derive(Default)]
-struct Listing {
-    /// Where the history replay starts: the ingest's revision when the list began.
-    replay_from: Option<u64>,
-    seen: UidSet,
-    items: Vec<Projected>,
-}
-
-impl Listing {
-    fn starting_at(cursor: Option<u64>) -> Listing {
-        Listing {
-            replay_from: cursor,
-            ..Listing::default()
-        }
-    }
 }
 
 /// A pod as projected: its event, or the dead letter it becomes.
@@ -389,7 +355,7 @@ impl Ingest {
         &mut self,
         scope: Option<&str>,
         api: Option<Api<WatchedPod>>,
-        listing: Listing,
+        listing: FinishedList<Projected>,
     ) {
         let listed = listing.seen.len();
         let mut seen = listing.seen;
