@@ -5,9 +5,10 @@
 //! - [`duplicates`]: which pod drives a TI when several map to it.
 //! - [`command`]: [`TaskCommand`], a decided command borrowing from its event.
 //! - [`decide`](mod@decide): all of the above for one event and the prior state.
-//! - [`state`]: the per-pod and per-TI state and the [`StateStore`] trait.
-//! - [`processor`]: [`Processor`], load → decide → store.
-//! - [`record`]: the KV record of one task instance and how one event changes it (pure).
+//! - [`state`]: the per-pod and per-TI state, and [`StateStore`]: where task records live.
+//! - [`record`]: the record of one task instance and [`record::TaskRecord::decide`], how
+//!   one event changes it (pure), which every shell runs.
+//! - [`processor`]: [`Processor`], the in-process shell: records in memory.
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
 //! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
 

@@ -1,14 +1,18 @@
-//! The thin shell around the core: load the prior state, decide, store the
-//! new state, log what matters.
+//! The in-process shell around the core (`podstream decide`, replay, the tests): the task
+//! record from a [`StateStore`], decided by [`TaskRecord::decide`] as the service decides
+//! it, and what matters logged.
+//!
+//! [`TaskRecord::decide`]: crate::record::TaskRecord::decide
 
 use podstream_proto::PodEvent;
 use thiserror::Error;
 use tracing::{debug, warn};
 
 use crate::command::TaskCommand;
-use crate::decide::{Applied, Decision, EventError, decide_identified, identity};
+use crate::decide::{EventError, identity};
+use crate::record::Recorded;
 use crate::rules::{Ignored, Outcome, Rules};
-use crate::state::{Prior, StateStore};
+use crate::state::StateStore;
 
 /// Why an event could not be handled.
 #[derive(Debug, Error)]
@@ -47,37 +51,21 @@ impl<S: StateStore> Processor<S> {
     ) -> Result<Vec<TaskCommand<'e>>, HandleError<S::Error>> {
         let (pod, key) = identity(event)?;
         let rules = &self.rules;
-        let decision = self
+        let recorded = self
             .store
-            .update(&pod.uid, key, |prior| {
-                match decide_identified(rules, event, pod, key, prior) {
-                    Decision::Stale { prior } => {
-                        let last = prior.pod.as_ref().map(|p| p.resource_version.clone());
-                        (prior, Err(last.unwrap_or_default()))
-                    }
-                    Decision::Applied(applied) => {
-                        let Applied {
-                            outcome,
-                            pod,
-                            task,
-                            commands,
-                        } = applied;
-                        let next = Prior {
-                            pod: Some(pod),
-                            task,
-                        };
-                        (next, Ok((outcome, commands)))
-                    }
-                }
+            .update(key, |record| {
+                record.decide(rules, event, pod, key, NO_SEQUENCE)
             })
             .map_err(HandleError::Store)?;
-        let (outcome, commands) = match decision {
-            Err(last_resource_version) => {
+        let (outcome, commands) = match recorded {
+            Recorded::Stale {
+                last_resource_version,
+            } => {
                 debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner,
                     resource_version = %event.resource_version, %last_resource_version, "stale event, nothing to do");
                 return Ok(Vec::new());
             }
-            Ok(applied) => applied,
+            Recorded::Applied { outcome, commands } => (outcome, commands),
         };
         if let Outcome::Ignored(Ignored::UnknownPhase) = outcome {
             warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
@@ -90,3 +78,7 @@ impl<S: StateStore> Processor<S> {
         Ok(commands)
     }
 }
+
+/// Events decided in process come from no stream: the record's per-pod sequence check
+/// does not apply, only the resourceVersion order rule.
+const NO_SEQUENCE: u64 = 0;

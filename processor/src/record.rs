@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 
 use podstream_proto::PodEvent;
-use podstream_proto::v1::{Command, TaskKey};
+use podstream_proto::v1::{Command, PodRef, TaskKey};
 use serde::{Deserialize, Serialize};
 
 use crate::command::TaskCommand;
 use crate::decide::{Decision, EventError, decide_identified, identity};
-use crate::rules::Rules;
+use crate::rules::{Outcome, Rules};
 use crate::state::{PodState, Prior, TaskState};
 
 /// The KV entry of one task instance.
@@ -33,6 +33,23 @@ pub struct TaskRecord {
     /// publishes them again (deduplicated by `Nats-Msg-Id`), so a processor that died
     /// between its write and its publish loses nothing.
     pub outbox: Vec<Command>,
+}
+
+/// What deciding one event did to a record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recorded<'e> {
+    /// Not newer than what the record holds for its pod: nothing changed.
+    Stale {
+        /// The pod's last applied resourceVersion.
+        last_resource_version: String,
+    },
+    /// Decided and recorded.
+    Applied {
+        /// What the event says about its TI, before duplicate resolution.
+        outcome: Outcome,
+        /// The commands, in the order they must be applied.
+        commands: Vec<TaskCommand<'e>>,
+    },
 }
 
 /// One pod of the TI.
@@ -74,7 +91,8 @@ impl TaskRecord {
         self.pod(uid).map_or(0, |p| p.sequence)
     }
 
-    fn pod(&self, uid: &str) -> Option<&PodRecord> {
+    /// The record of pod `uid`, if it ever mapped to this TI.
+    pub fn pod(&self, uid: &str) -> Option<&PodRecord> {
         self.pods.iter().find(|(u, _)| u == uid).map(|(_, p)| p)
     }
 
@@ -91,41 +109,70 @@ impl TaskRecord {
         sequence: u64,
     ) -> Result<Vec<Command>, EventError> {
         let (pod, key) = identity(event)?;
-        let uid = pod.uid.clone();
-        if sequence != 0 && sequence <= self.last_sequence(&uid) {
-            return Ok(Vec::new());
+        Ok(match self.decide(rules, event, pod, key, sequence) {
+            Recorded::Stale { .. } => Vec::new(),
+            Recorded::Applied { commands, .. } => commands
+                .into_iter()
+                .map(TaskCommand::into_command)
+                .collect(),
+        })
+    }
+
+    /// Decides `event` of `pod` (whose [`identity`] the caller read), found at stream
+    /// `sequence` (0 where there is no stream: `decide`, replay, tests), and records the
+    /// result. The commands borrow from the event. Every shell (the service, `podstream
+    /// decide`, the tests) decides through here.
+    pub fn decide<'e>(
+        &mut self,
+        rules: &Rules,
+        event: &'e PodEvent,
+        pod: &'e PodRef,
+        key: &'e TaskKey,
+        sequence: u64,
+    ) -> Recorded<'e> {
+        let uid = pod.uid.as_str();
+        if sequence != 0 && sequence <= self.last_sequence(uid) {
+            return Recorded::Stale {
+                last_resource_version: self
+                    .pod(uid)
+                    .map(|p| p.state.resource_version.clone())
+                    .unwrap_or_default(),
+            };
         }
-        // The state moves out of the record and back, as in `MemoryStore`.
+        // The state moves out of the record and back: nothing is copied.
         let prior = Prior {
-            pod: self.pod_mut(&uid).map(|p| std::mem::take(&mut p.state)),
+            pod: self.pod_mut(uid).map(|p| std::mem::take(&mut p.state)),
             task: self.task.take(),
         };
         match decide_identified(rules, event, pod, key, prior) {
             Decision::Stale { prior } => {
                 self.task = prior.task;
-                if let Some(record) = self.pod_mut(&uid) {
+                let mut last_resource_version = String::new();
+                if let Some(record) = self.pod_mut(uid) {
                     if let Some(state) = prior.pod {
                         record.state = state;
                     }
                     record.sequence = record.sequence.max(sequence);
+                    last_resource_version.clone_from(&record.state.resource_version);
                 }
-                Ok(Vec::new())
+                Recorded::Stale {
+                    last_resource_version,
+                }
             }
             Decision::Applied(applied) => {
                 let record = PodRecord {
                     state: applied.pod,
                     sequence,
                 };
-                match self.pod_mut(&uid) {
+                match self.pod_mut(uid) {
                     Some(known) => *known = record,
-                    None => self.pods.push((uid, record)),
+                    None => self.pods.push((uid.to_owned(), record)),
                 }
                 self.task = applied.task;
-                Ok(applied
-                    .commands
-                    .into_iter()
-                    .map(TaskCommand::into_command)
-                    .collect())
+                Recorded::Applied {
+                    outcome: applied.outcome,
+                    commands: applied.commands,
+                }
             }
         }
     }

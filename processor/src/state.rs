@@ -12,6 +12,7 @@ use std::convert::Infallible;
 
 use podstream_proto::v1::{Phase, PodRef, TaskKey};
 
+use crate::record::TaskRecord;
 use crate::rules::Outcome;
 
 /// The last applied facts of one pod.
@@ -101,64 +102,51 @@ pub struct Prior {
     pub task: Option<TaskState>,
 }
 
-/// Where the processor keeps its state between events.
+/// Where the processor keeps its task records between events.
 ///
-/// In memory for `podstream decide` and unit tests; in the pipeline the
-/// service keeps a [`TaskRecord`](crate::record::TaskRecord) per TI in
-/// JetStream KV (with compare-and-set), so any instance can take over.
+/// In memory for `podstream decide`, replay and the tests ([`MemoryStore`]); the service
+/// keeps the same [`TaskRecord`] per TI in JetStream KV (with compare-and-set), so any
+/// instance can take over. Either way an event is decided by [`TaskRecord::decide`].
 pub trait StateStore {
     /// Why the store could not load or save.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Hands the prior state of pod `uid` and task `task` to `change` and keeps
-    /// the state it returns (`task == None` forgets the TI: no pod maps to it
-    /// any more). State moves in and out, so nothing is copied.
+    /// Hands the record of task instance `task` (an empty one when there is none yet) to
+    /// `change`, and keeps it as `change` left it.
     fn update<T>(
         &mut self,
-        uid: &str,
         task: &TaskKey,
-        change: impl FnOnce(Prior) -> (Prior, T),
+        change: impl FnOnce(&mut TaskRecord) -> T,
     ) -> Result<T, Self::Error>;
 }
 
 /// The hasher of the in-memory maps: much cheaper than SipHash on the
-/// short string keys (pod uids, TI keys) hashed on every event.
+/// short string keys (TI keys) hashed on every event.
 type FastHash = foldhash::fast::RandomState;
 
-/// A [`StateStore`] in process memory: one entry per task instance holding
-/// its state and its pods', as the pipeline's KV record does, so an event
-/// costs one lookup.
+/// A [`StateStore`] in process memory: the pipeline's KV record of each task instance, so
+/// an event costs one lookup.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    tasks: HashMap<TaskKey, TaskEntry, FastHash>,
-}
-
-/// What [`MemoryStore`] keeps for one task instance.
-#[derive(Debug, Default)]
-struct TaskEntry {
-    /// Every pod that ever mapped to the TI (deleted ones as tombstones, for
-    /// the order rule), by uid; nearly always one or two.
-    pods: Vec<(String, PodState)>,
-    /// The TI's state; `None` when no live pod maps to it.
-    task: Option<TaskState>,
+    records: HashMap<TaskKey, TaskRecord, FastHash>,
 }
 
 impl MemoryStore {
     /// Number of pods and task instances remembered.
     pub fn len(&self) -> (usize, usize) {
-        let pods = self.tasks.values().map(|e| e.pods.len()).sum();
-        let tasks = self.tasks.values().filter(|e| e.task.is_some()).count();
+        let pods = self.records.values().map(|r| r.pods.len()).sum();
+        let tasks = self.records.values().filter(|r| r.task.is_some()).count();
         (pods, tasks)
     }
 
     /// The state of task instance `key`, if any pod maps to it.
     pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
-        self.tasks.get(key)?.task.as_ref()
+        self.records.get(key)?.task.as_ref()
     }
 
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
+        self.records.is_empty()
     }
 }
 
@@ -167,30 +155,13 @@ impl StateStore for MemoryStore {
 
     fn update<T>(
         &mut self,
-        uid: &str,
         key: &TaskKey,
-        change: impl FnOnce(Prior) -> (Prior, T),
+        change: impl FnOnce(&mut TaskRecord) -> T,
     ) -> Result<T, Infallible> {
-        let entry = match self.tasks.get_mut(key) {
-            Some(entry) => entry,
-            None => self.tasks.entry(key.clone()).or_default(),
+        let record = match self.records.get_mut(key) {
+            Some(record) => record,
+            None => self.records.entry(key.clone()).or_default(),
         };
-        // Move the state out of its slots and back in: no copies.
-        let at = entry.pods.iter().position(|(u, _)| u == uid);
-        let prior = Prior {
-            pod: at.map(|at| std::mem::take(&mut entry.pods[at].1)),
-            task: entry.task.take(),
-        };
-        let (next, result) = change(prior);
-        match (at, next.pod) {
-            (Some(at), Some(pod)) => entry.pods[at].1 = pod,
-            (None, Some(pod)) => entry.pods.push((uid.to_owned(), pod)),
-            (Some(at), None) => {
-                entry.pods.swap_remove(at);
-            }
-            (None, None) => {}
-        }
-        entry.task = next.task;
-        Ok(result)
+        Ok(change(record))
     }
 }

@@ -7,10 +7,11 @@
 mod support;
 
 use podstream_processor::duplicates::choose;
+use podstream_processor::record::TaskRecord;
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::v1::{EventType, Phase, PodEvent, PodRef, TaskKey};
 use proptest::prelude::*;
-use support::{EventExt, ev, run, ti};
+use support::{EventExt, describe, ev, run, ti};
 
 fn phase() -> impl Strategy<Value = Phase> {
     prop_oneof![
@@ -125,6 +126,33 @@ proptest! {
             redelivered.insert(at, events[original].clone());
         }
         prop_assert_eq!(run(&redelivered), baseline);
+    }
+
+    /// The service's record, fed each event at its stream sequence and then any earlier
+    /// event again at its own (a redelivery the per-pod sequence recognises), emits what the
+    /// in-process shell emits for the story, and its TI ends in the same state.
+    #[test]
+    fn the_records_apply_is_the_shells_decision(
+        events in story(),
+        redeliveries in prop::collection::vec(any::<prop::sample::Index>(), 0..5),
+    ) {
+        let mut record = TaskRecord::default();
+        let mut applied = Vec::new();
+        for (at, event) in events.iter().enumerate() {
+            let sequence = at as u64 + 1;
+            applied.extend(record.apply(&Rules::default(), event, sequence).unwrap().iter().map(describe));
+            for again in &redeliveries {
+                let earlier = again.index(at + 1);
+                let repeated = record.apply(&Rules::default(), &events[earlier], earlier as u64 + 1).unwrap();
+                prop_assert!(repeated.is_empty(), "a redelivery emitted {repeated:?}");
+            }
+        }
+        prop_assert_eq!(&applied, &run(&events));
+        let mut processor = Processor::new(Rules::default(), MemoryStore::default());
+        for event in &events {
+            processor.handle(event).unwrap();
+        }
+        prop_assert_eq!(record.task.as_ref(), processor.store().task(&ti(1)));
     }
 
     /// Replaying a whole story into the state it left emits nothing.
