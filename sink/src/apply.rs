@@ -2,100 +2,10 @@
 //! state (`guard.rs`), written by the set statements (`batch.rs`), recorded by command id in
 //! the same transaction, so a redelivery or a second `apply` changes nothing.
 
-use podstream_proto::Command;
-use podstream_proto::v1::command::Kind;
 use sqlx::Connection;
 
-use crate::db::{Backend, Database, is_transient};
-use crate::guard::{Effect, Skip};
-
-/// A command and where it came from.
-#[derive(Debug, Clone)]
-pub struct Item {
-    /// The command.
-    pub command: Command,
-    /// Its JetStream stream sequence, when it came from the bus.
-    pub sequence: Option<u64>,
-}
-
-/// What became of one command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Applied, with this effect.
-    Applied(Effect),
-    /// Left alone, for this reason.
-    Skipped(Skip),
-    /// Cannot ever be applied (bad data, a constraint): for the dead letters, with the reason.
-    Dead(String),
-}
-
-/// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
-/// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
-pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {
-    match backend {
-        Backend::Postgres => text.replace("{now}", "now()"),
-        Backend::Sqlite => text
-            .replace('$', "?")
-            .replace("{now}", &format!("?{now_at}")),
-    }
-}
-
-/// The `log` row of an applied command, if it writes one: its `event` and `extra`.
-pub(crate) fn log_entry(
-    command: &Command,
-    effect: &Effect,
-) -> Option<(&'static str, serde_json::Value)> {
-    let pod = || {
-        command
-            .pod
-            .as_ref()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-    };
-    let pod_uid = || command.pod.as_ref().map(|p| p.uid.clone());
-    match (&command.kind, effect) {
-        (Some(Kind::Fail(fail)), Effect::LaunchFailed) => Some((
-            "podstream_launch_failed",
-            serde_json::json!({
-                "reason": fail.reason,
-                "detail": fail.detail,
-                "container_reason": fail.provider_container_reason(),
-                "left_to": "executor",
-                "pod": pod(),
-                "pod_uid": pod_uid(),
-                "owner": command.owner,
-                "command_id": command.id,
-            }),
-        )),
-        (Some(Kind::Fail(fail)), _) => Some((
-            "podstream_fail",
-            serde_json::json!({
-                "reason": fail.reason,
-                "detail": fail.detail,
-                "state": effect.name(),
-                "pod": pod(),
-                "pod_uid": pod_uid(),
-                "owner": command.owner,
-                "command_id": command.id,
-            }),
-        )),
-        (Some(Kind::Transfer(transfer)), _) => Some((
-            "podstream_transfer",
-            serde_json::json!({ "from": transfer.from, "to": transfer.to, "command_id": command.id }),
-        )),
-        _ => None,
-    }
-}
-
-/// Now, as SQLAlchemy writes a datetime into SQLite.
-pub(crate) fn sqlite_now() -> String {
-    sqlite_timestamp(jiff::Timestamp::now())
-}
-
-/// `at` as SQLAlchemy writes a datetime into SQLite (UTC, microseconds): text that
-/// sorts as the time does.
-pub(crate) fn sqlite_timestamp(at: jiff::Timestamp) -> String {
-    at.strftime("%Y-%m-%d %H:%M:%S.%6f").to_string()
-}
+use crate::db::{Database, is_transient};
+use crate::item::{Item, Outcome};
 
 impl Database {
     /// Applies `items` in order in one transaction, set-based (a few statements per batch,

@@ -12,9 +12,9 @@ use sqlx::any::AnyArguments;
 use sqlx::{Any, AnyConnection, Row};
 
 use crate::airflow::AirflowSchema;
-use crate::apply::{Item, Outcome, log_entry};
 use crate::db::{Backend, Database};
 use crate::guard::{self, Effect, Skip, TiRow, Verdict};
+use crate::item::{Item, Outcome};
 
 /// A TI key without its try: dag, task, run, map index.
 pub(crate) type Key = (String, String, String, i64);
@@ -392,7 +392,7 @@ impl Database {
         tx: &mut AnyConnection,
         items: &[Item],
     ) -> Result<Vec<Outcome>, sqlx::Error> {
-        let now = crate::apply::sqlite_now();
+        let now = crate::db::sqlite_now();
         let applied = self.applied_ids(tx, items).await?;
         let mut rows = self.ti_rows(tx, items).await?;
         // Effects that write a `log` row and leave the TI as it is.
@@ -702,5 +702,48 @@ impl Database {
             })
             .collect();
         self.write(conn, &self.sql.applied, &rows, now).await
+    }
+}
+
+/// The `log` row of an applied command, if it writes one: its `event` and `extra`.
+fn log_entry(command: &Command, effect: &Effect) -> Option<(&'static str, serde_json::Value)> {
+    let pod = || {
+        command
+            .pod
+            .as_ref()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+    };
+    let pod_uid = || command.pod.as_ref().map(|p| p.uid.clone());
+    match (&command.kind, effect) {
+        (Some(Kind::Fail(fail)), Effect::LaunchFailed) => Some((
+            "podstream_launch_failed",
+            serde_json::json!({
+                "reason": fail.reason,
+                "detail": fail.detail,
+                "container_reason": fail.provider_container_reason(),
+                "left_to": "executor",
+                "pod": pod(),
+                "pod_uid": pod_uid(),
+                "owner": command.owner,
+                "command_id": command.id,
+            }),
+        )),
+        (Some(Kind::Fail(fail)), _) => Some((
+            "podstream_fail",
+            serde_json::json!({
+                "reason": fail.reason,
+                "detail": fail.detail,
+                "state": effect.name(),
+                "pod": pod(),
+                "pod_uid": pod_uid(),
+                "owner": command.owner,
+                "command_id": command.id,
+            }),
+        )),
+        (Some(Kind::Transfer(transfer)), _) => Some((
+            "podstream_transfer",
+            serde_json::json!({ "from": transfer.from, "to": transfer.to, "command_id": command.id }),
+        )),
+        _ => None,
     }
 }

@@ -297,3 +297,25 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
+/// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
+pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {
+    match backend {
+        Backend::Postgres => text.replace("{now}", "now()"),
+        Backend::Sqlite => text
+            .replace('$', "?")
+            .replace("{now}", &format!("?{now_at}")),
+    }
+}
+
+/// Now, as SQLAlchemy writes a datetime into SQLite.
+pub(crate) fn sqlite_now() -> String {
+    sqlite_timestamp(jiff::Timestamp::now())
+}
+
+/// `at` as SQLAlchemy writes a datetime into SQLite (UTC, microseconds): text that
+/// sorts as the time does.
+pub(crate) fn sqlite_timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%d %H:%M:%S.%6f").to_string()
+}

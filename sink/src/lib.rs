@@ -1,6 +1,7 @@
 //! Applying podstream's commands to Airflow's metadata database, guarded and exactly once.
 //!
 //! - [`guard`]: what a command may do to a task instance (the pure core).
+//! - [`item`]: what the sink applies ([`Item`]) and what became of it ([`Outcome`]).
 //! - [`db`]: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1, our tables.
 //! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
 //!   the database refuses is retried command by command under savepoints.
@@ -17,12 +18,13 @@ pub mod apply;
 mod batch;
 pub mod db;
 pub mod guard;
+pub mod item;
 pub mod lanes;
 pub mod retention;
 pub mod seed;
 pub mod service;
 pub mod summary;
 
-pub use apply::{Item, Outcome};
 pub use batch::SetStatements;
 pub use db::Database;
+pub use item::{Item, Outcome};

@@ -6,8 +6,7 @@ use podstream_proto::TaskKey;
 use sqlx::Row;
 
 use crate::airflow::AirflowSchema;
-use crate::apply::sql;
-use crate::db::{Backend, Database};
+use crate::db::{Backend, Database, sql};
 
 /// A task instance to seed.
 #[derive(Debug, Clone)]

@@ -18,9 +18,9 @@ use podstream_proto::Command;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use prost::Message as _;
 
-use crate::apply::{Item, Outcome};
 use crate::db::Database;
 use crate::guard::TaskFailures;
+use crate::item::{Item, Outcome};
 use crate::lanes::{Applied, LaneConfig, Lanes};
 use crate::summary::Summary;
 

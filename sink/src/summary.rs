@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::apply::Outcome;
 use crate::guard::Effect;
+use crate::item::Outcome;
 
 /// Outcome counts.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
