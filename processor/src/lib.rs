@@ -5,10 +5,11 @@
 //! - [`duplicates`]: which pod drives a TI when several map to it.
 //! - [`command`]: [`TaskCommand`], a decided command borrowing from its event.
 //! - [`decide`](mod@decide): all of the above for one event and the prior state.
-//! - [`state`]: the per-pod and per-TI state, and [`StateStore`]: where task records live.
+//! - [`state`]: the per-pod and per-TI state the rules keep.
 //! - [`record`]: the record of one task instance and [`record::TaskRecord::decide`], how
 //!   one event changes it (pure), which every shell runs.
-//! - [`processor`]: [`Processor`], the in-process shell: records in memory.
+//! - [`processor`]: [`Processor`], the in-process shell, and [`StateStore`]: where its task
+//!   records live ([`MemoryStore`]).
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
 //! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
 
@@ -26,5 +27,6 @@ pub mod state;
 pub use command::TaskCommand;
 pub use decide::{Applied, Decision, EventError, decide};
 pub use processor::{HandleError, Processor};
+pub use processor::{MemoryStore, StateStore};
 pub use rules::{Ignored, Outcome, Rules};
-pub use state::{MemoryStore, Prior, StateStore};
+pub use state::Prior;

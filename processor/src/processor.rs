@@ -4,15 +4,19 @@
 //!
 //! [`TaskRecord::decide`]: crate::record::TaskRecord::decide
 
+use std::collections::HashMap;
+use std::convert::Infallible;
+
 use podstream_proto::PodEvent;
+use podstream_proto::v1::TaskKey;
 use thiserror::Error;
 use tracing::{debug, warn};
 
 use crate::command::TaskCommand;
 use crate::decide::{EventError, identity};
-use crate::record::Recorded;
+use crate::record::{Recorded, TaskRecord};
 use crate::rules::{Ignored, Outcome, Rules};
-use crate::state::StateStore;
+use crate::state::TaskState;
 
 /// Why an event could not be handled.
 #[derive(Debug, Error)]
@@ -82,3 +86,67 @@ impl<S: StateStore> Processor<S> {
 /// Events decided in process come from no stream: the record's per-pod sequence check
 /// does not apply, only the resourceVersion order rule.
 const NO_SEQUENCE: u64 = 0;
+
+/// Where the processor keeps its task records between events.
+///
+/// In memory for `podstream decide`, replay and the tests ([`MemoryStore`]); the service
+/// keeps the same [`TaskRecord`] per TI in JetStream KV (with compare-and-set), so any
+/// instance can take over. Either way an event is decided by [`TaskRecord::decide`].
+pub trait StateStore {
+    /// Why the store could not load or save.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Hands the record of task instance `task` (an empty one when there is none yet) to
+    /// `change`, and keeps it as `change` left it.
+    fn update<T>(
+        &mut self,
+        task: &TaskKey,
+        change: impl FnOnce(&mut TaskRecord) -> T,
+    ) -> Result<T, Self::Error>;
+}
+
+/// The hasher of the in-memory maps: much cheaper than SipHash on the
+/// short string keys (TI keys) hashed on every event.
+type FastHash = foldhash::fast::RandomState;
+
+/// A [`StateStore`] in process memory: the pipeline's KV record of each task instance, so
+/// an event costs one lookup.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: HashMap<TaskKey, TaskRecord, FastHash>,
+}
+
+impl MemoryStore {
+    /// Number of pods and task instances remembered.
+    pub fn len(&self) -> (usize, usize) {
+        let pods = self.records.values().map(|r| r.pods.len()).sum();
+        let tasks = self.records.values().filter(|r| r.task.is_some()).count();
+        (pods, tasks)
+    }
+
+    /// The state of task instance `key`, if any pod maps to it.
+    pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
+        self.records.get(key)?.task.as_ref()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+}
+
+impl StateStore for MemoryStore {
+    type Error = Infallible;
+
+    fn update<T>(
+        &mut self,
+        key: &TaskKey,
+        change: impl FnOnce(&mut TaskRecord) -> T,
+    ) -> Result<T, Infallible> {
+        let record = match self.records.get_mut(key) {
+            Some(record) => record,
+            None => self.records.entry(key.clone()).or_default(),
+        };
+        Ok(change(record))
+    }
+}

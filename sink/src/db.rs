@@ -8,15 +8,7 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row};
 
 use crate::airflow::{self, AirflowRelease, AirflowSchema};
-
-/// Which SQL dialect the database speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// PostgreSQL (production).
-    Postgres,
-    /// SQLite (the embedded default).
-    Sqlite,
-}
+use crate::dialect::Backend;
 
 /// Why the database cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +45,7 @@ pub struct Database {
     /// The supported release that made it, when its alembic revision names one.
     pub release: Option<&'static AirflowRelease>,
     /// The statements, in its dialect and for its schema.
-    pub sql: std::sync::Arc<crate::batch::SetStatements>,
+    pub sql: std::sync::Arc<crate::statements::SetStatements>,
     /// What the guard applies beside the TI row.
     pub policy: std::sync::Arc<crate::guard::Policy>,
 }
@@ -205,7 +197,7 @@ impl Database {
             backend,
             airflow,
             release,
-            sql: std::sync::Arc::new(crate::batch::SetStatements::new(backend, airflow)),
+            sql: std::sync::Arc::new(crate::statements::SetStatements::new(backend, airflow)),
             policy: std::sync::Arc::default(),
         };
         database.create_tables().await?;
@@ -296,26 +288,4 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
         }
         _ => false,
     }
-}
-
-/// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
-/// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
-pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {
-    match backend {
-        Backend::Postgres => text.replace("{now}", "now()"),
-        Backend::Sqlite => text
-            .replace('$', "?")
-            .replace("{now}", &format!("?{now_at}")),
-    }
-}
-
-/// Now, as SQLAlchemy writes a datetime into SQLite.
-pub(crate) fn sqlite_now() -> String {
-    sqlite_timestamp(jiff::Timestamp::now())
-}
-
-/// `at` as SQLAlchemy writes a datetime into SQLite (UTC, microseconds): text that
-/// sorts as the time does.
-pub(crate) fn sqlite_timestamp(at: jiff::Timestamp) -> String {
-    at.strftime("%Y-%m-%d %H:%M:%S.%6f").to_string()
 }

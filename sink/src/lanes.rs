@@ -14,7 +14,8 @@ use podstream_bus::Backoff;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::db::{Backend, Database, POOL_SIZE, is_transient};
+use crate::db::{Database, POOL_SIZE, is_transient};
+use crate::dialect::Backend;
 use crate::item::{Item, Outcome};
 
 /// Batches a lane may hold queued, besides the one it is applying.

@@ -5,7 +5,9 @@
 //! - [`db`]: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1, our tables.
 //! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
 //!   the database refuses is retried command by command under savepoints.
-//! - `batch`: a batch as a few set statements ([`SetStatements`]), rows as one JSON parameter.
+//! - [`dialect`]: PostgreSQL or SQLite, and SQL and timestamps in each one's form.
+//! - `statements`: the fixed texts of a batch's set statements ([`SetStatements`]).
+//! - `batch`: a batch applied as those few statements, rows as one JSON parameter.
 //! - [`lanes`]: commands applied in parallel transactions, one lane per connection, each TI in
 //!   one lane so its commands keep their order.
 //! - [`retention`]: how long `podstream_applied` keeps ids, and pruning the older ones.
@@ -17,14 +19,16 @@ pub mod airflow;
 pub mod apply;
 mod batch;
 pub mod db;
+pub mod dialect;
 pub mod guard;
 pub mod item;
 pub mod lanes;
 pub mod retention;
 pub mod seed;
 pub mod service;
+mod statements;
 pub mod summary;
 
-pub use batch::SetStatements;
 pub use db::Database;
 pub use item::{Item, Outcome};
+pub use statements::SetStatements;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::db::{Backend, Database, sql, sqlite_timestamp};
+use crate::db::Database;
+use crate::dialect::{Backend, sql, sqlite_timestamp};
 
 /// Ids deleted per statement, so a prune never holds a long transaction.
 pub const PRUNE_CHUNK: u64 = 10_000;

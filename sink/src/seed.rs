@@ -6,7 +6,8 @@ use podstream_proto::TaskKey;
 use sqlx::Row;
 
 use crate::airflow::AirflowSchema;
-use crate::db::{Backend, Database, sql};
+use crate::db::Database;
+use crate::dialect::{Backend, sql};
 
 /// A task instance to seed.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use podstream_sink::airflow::{self as releases, AirflowRelease, AirflowSchema};
-use podstream_sink::db::Backend;
+use podstream_sink::dialect::Backend;
 
 use crate::postgres::PgCluster;
 use crate::workspace_root;
