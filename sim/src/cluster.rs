@@ -11,7 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::kubelet;
+use crate::container::{ContainerState, log_path, set_container};
 use crate::object::{self, Key, Stored, rfc3339};
 use crate::patch::{self, PatchType};
 use crate::resource::Resource;
@@ -97,30 +97,6 @@ pub enum Deletion {
     Gone(Arc<Stored>),
     /// A graceful delete began (or goes on); the object is still there.
     Pending(Arc<Stored>),
-}
-
-/// A container state, as `containerStatuses[].state` shows it: what the kubelet writes, and
-/// what the control API sets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ContainerState {
-    /// `waiting` with a reason such as `ContainerCreating` or `ImagePullBackOff`.
-    Waiting {
-        /// The waiting reason.
-        reason: String,
-        /// Why, in words (may be empty).
-        message: String,
-    },
-    /// `running` since now.
-    Running,
-    /// `terminated` with an exit code and reason.
-    Terminated {
-        /// The exit code (128 + the signal's number for a signal).
-        exit_code: i32,
-        /// `Completed`, `Error`, `OOMKilled`, `ContainerCannotRun`.
-        reason: String,
-        /// Why, in words (may be empty).
-        message: String,
-    },
 }
 
 /// The simulated cluster. Cheap to clone; every clone is the same cluster.
@@ -577,7 +553,7 @@ impl Cluster {
             .unwrap_or_default();
         let container = container.filter(|c| !c.is_empty()).unwrap_or(first);
         let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-        let path = crate::kubelet::log_path(root, namespace, name, uid, container);
+        let path = log_path(root, namespace, name, uid, container);
         match std::fs::read(&path) {
             Ok(log) => Ok(log),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
@@ -604,7 +580,7 @@ impl Cluster {
         state: ContainerState,
     ) -> Result<Value, ApiError> {
         self.modify_pod(namespace, name, |pod| {
-            kubelet::status::set_container(pod, container, &state);
+            set_container(pod, container, &state);
         })
     }
 

@@ -11,9 +11,11 @@
 //! - [`watch`]: watch streams; [`http`]: URL layout and query parameters; [`server`]: serving.
 
 pub mod cluster;
+pub mod container;
 pub mod discovery;
 pub mod http;
 pub mod kubelet;
+pub mod names;
 pub mod object;
 pub mod patch;
 pub mod protobuf;
@@ -27,9 +29,8 @@ pub mod table;
 pub mod template;
 pub mod watch;
 
-pub use cluster::{
-    Cluster, ContainerState, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig,
-};
+pub use cluster::{Cluster, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig};
+pub use container::ContainerState;
 pub use kubelet::{Fault, Kubelet, KubeletConfig};
 pub use resource::Resource;
 pub use server::{Server, kubeconfig};

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
+use crate::names::{is_dns_label, is_dns_subdomain, validate_label_key, validate_label_value};
 use crate::resource::Resource;
-use crate::selector::{is_dns_label, is_dns_subdomain, validate_label_key, validate_label_value};
 use crate::status::{ApiError, Reason};
 
 /// Where an object lives: resource, namespace ("" when cluster-scoped), name.

@@ -28,7 +28,8 @@ use tokio::time::Instant;
 
 pub use plan::{FAULT_AFTER_ANNOTATION, FAULT_ANNOTATION, Fault, Node};
 
-use crate::cluster::{Cluster, ContainerState, DeleteOptions};
+use crate::cluster::{Cluster, DeleteOptions};
+use crate::container::{ContainerState, log_path, set_container};
 use crate::object::Key;
 use crate::resource::Resource;
 use crate::selector::Filter;
@@ -192,13 +193,6 @@ fn descendants(root: i32) -> Vec<i32> {
     }
     found.retain(|pid| *pid != root);
     found
-}
-
-/// Where a pod's container log lives under the kubelet's root.
-pub fn log_path(root: &Path, namespace: &str, name: &str, uid: &str, container: &str) -> PathBuf {
-    root.join(namespace)
-        .join(format!("{name}_{uid}"))
-        .join(format!("{container}.log"))
 }
 
 fn id_of(pod: &Value) -> PodId {
@@ -455,7 +449,7 @@ async fn run_pod(
                 reason: "CreateContainerConfigError".into(),
                 message,
             };
-            write(&|pod| status::set_container(pod, &container, &state));
+            write(&|pod| set_container(pod, &container, &state));
             stay_pending(node, id, &mut orders).await;
             return;
         }
@@ -466,7 +460,7 @@ async fn run_pod(
                 reason: reason.into(),
                 message: "podstream simulator fault: image-pull".into(),
             };
-            write(&|pod| status::set_container(pod, &container, &state));
+            write(&|pod| set_container(pod, &container, &state));
         }
         stay_pending(node, id, &mut orders).await;
         return;
