@@ -579,6 +579,19 @@ impl RealAirflow {
         names
     }
 
+    /// The callbacks' markers once there are at least `count` and a moment more has brought
+    /// no other (a failure callback runs in the DAG processor after the TI's state is
+    /// written, so it can come after the run has ended); what is there after `timeout`
+    /// otherwise.
+    pub fn markers_settled(&self, count: usize, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        while self.markers().len() < count && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        self.markers()
+    }
+
     /// The pods in the simulator now.
     pub fn pods(&self) -> Vec<Value> {
         let (ok, stdout, stderr) = kubectl(&self.kubeconfig, &["get", "pods", "-A", "-o", "json"]);

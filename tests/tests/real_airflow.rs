@@ -13,6 +13,10 @@ use podstream_tests::real_airflow::{Dags, Executor, RealAirflow, TiRow};
 
 const DAG: &str = "podstream_checks";
 
+/// How long after a run ends its callbacks may take (a failure callback runs in the DAG
+/// processor, after the TI's state is written).
+const CALLBACKS: Duration = Duration::from_secs(60);
+
 fn ti(task_id: &str, state: &str, try_number: i64) -> TiRow {
     TiRow {
         task_id: task_id.to_owned(),
@@ -46,7 +50,7 @@ fn runs_the_dags_with(airflow: Airflow, executor: Executor) {
         real.logs()
     );
     assert_eq!(
-        real.markers(),
+        real.markers_settled(4, CALLBACKS),
         [
             "failure.podstream_checks.fails.2",
             "retry.podstream_checks.fails.1",
@@ -137,7 +141,7 @@ fn a_killed_pod_fails_its_try(airflow: Airflow) {
         real.logs()
     );
     assert_eq!(
-        real.markers(),
+        real.markers_settled(2, CALLBACKS),
         [
             "failure.podstream_failures.killed.2",
             "retry.podstream_failures.killed.1",
@@ -183,7 +187,7 @@ fn a_pod_that_never_starts_fails_its_try(airflow: Airflow, pods_per_try: usize) 
         real.logs()
     );
     assert_eq!(
-        real.markers(),
+        real.markers_settled(2, CALLBACKS),
         [
             "failure.podstream_launch_failures.unpullable.2",
             "retry.podstream_launch_failures.unpullable.1",
