@@ -9,7 +9,6 @@
 //! components) is `podstream_stage`'s, the one the tests use; it needs a checkout after
 //! `scripts/setup.sh`.
 
-use std::sync::mpsc;
 use std::thread;
 
 use anyhow::{Context, bail};
@@ -17,13 +16,8 @@ use podstream_stage::airflow::Airflow;
 use podstream_stage::real_airflow::Executor;
 use podstream_stage::stories::{self, Story};
 
-/// How many stages run at once: each is PostgreSQL, a simulator and an Airflow.
-const AT_ONCE: usize = 2;
-
 /// What one play of a story came to.
 struct Played {
-    story: Story,
-    executor: Executor,
     /// One line: the run, the task's last try, the callbacks; or why the play broke off.
     outcome: String,
     timeline: String,
@@ -48,25 +42,14 @@ pub fn run(line: &str) -> anyhow::Result<bool> {
     let release = airflow.0;
     println!(
         "Airflow {} (cncf.kubernetes {}) on the simulator: each seed story played by real \
-         schedulers, with the stock executor and with podstream's ({AT_ONCE} at a time, a few \
-         minutes)\n",
+         schedulers, with the stock executor and with podstream's (both at once, a few minutes)\n",
         release.release, release.kubernetes_provider
     );
-    let plays: Vec<(Story, Executor)> = Story::ALL
-        .iter()
-        .flat_map(|&story| [(story, Executor::Stock), (story, Executor::Podstream)])
-        .collect();
-    let mut played = play_all(airflow, &plays);
     let mut all_right = true;
-    for (number, story) in Story::ALL.iter().enumerate() {
-        let (Some(stock), Some(podstream)) = (
-            take(&mut played, *story, Executor::Stock),
-            take(&mut played, *story, Executor::Podstream),
-        ) else {
-            bail!("a play of '{}' did not report", story.title());
-        };
+    for (number, story) in Story::ALL.into_iter().enumerate() {
+        let (stock, podstream) = play_both(airflow, story);
         all_right &= podstream.verdict.is_ok();
-        print_story(number + 1, &stock, &podstream);
+        print_story(number + 1, story, &stock, &podstream);
     }
     if all_right {
         println!("Every story ended right with podstream: the first try ran to its end, once.");
@@ -76,47 +59,25 @@ pub fn run(line: &str) -> anyhow::Result<bool> {
     Ok(all_right)
 }
 
-/// Plays each (story, executor), `AT_ONCE` at a time, each on a thread of its own: a stage
-/// that breaks off panics (as in a test), and the panic becomes that play's outcome.
-fn play_all(airflow: Airflow, plays: &[(Story, Executor)]) -> Vec<Played> {
-    let (done, results) = mpsc::channel();
-    let mut queue = plays.iter().copied();
-    let mut running = 0;
-    let mut played = Vec::new();
-    loop {
-        while running < AT_ONCE {
-            let Some((story, executor)) = queue.next() else {
-                break;
-            };
-            let done = done.clone();
-            thread::spawn(move || {
-                let outcome = thread::spawn(move || play(airflow, story, executor)).join();
-                let _ = done.send(outcome.unwrap_or_else(|panic| Played {
-                    story,
-                    executor,
-                    outcome: format!("broke off: {}", panic_text(&*panic)),
-                    timeline: String::new(),
-                    verdict: Err("the play broke off".to_owned()),
-                }));
-            });
-            running += 1;
-        }
-        if running == 0 {
-            return played;
-        }
-        match results.recv() {
-            Ok(result) => {
-                let result: Played = result;
-                eprintln!(
-                    "  played: {} with the {:?} executor",
-                    result.story.title(),
-                    result.executor
-                );
-                played.push(result);
-                running -= 1;
-            }
-            Err(_) => return played,
-        }
+/// Plays `story` with the stock executor and with podstream's at once, each on a thread of
+/// its own: a stage that breaks off panics (as in a test), and the panic becomes that play's
+/// outcome.
+fn play_both(airflow: Airflow, story: Story) -> (Played, Played) {
+    thread::scope(|scope| {
+        let stock = scope.spawn(|| play(airflow, story, Executor::Stock));
+        let podstream = scope.spawn(|| play(airflow, story, Executor::Podstream));
+        (
+            stock.join().unwrap_or_else(|panic| broke_off(&*panic)),
+            podstream.join().unwrap_or_else(|panic| broke_off(&*panic)),
+        )
+    })
+}
+
+fn broke_off(panic: &(dyn std::any::Any + Send)) -> Played {
+    Played {
+        outcome: format!("broke off: {}", panic_text(panic)),
+        timeline: String::new(),
+        verdict: Err("the play broke off".to_owned()),
     }
 }
 
@@ -127,23 +88,14 @@ fn play(airflow: Airflow, story: Story, executor: Executor) -> Played {
         Executor::Stock => Ok(()),
     };
     Played {
-        story,
-        executor,
         outcome: stories::outcome(&real, &state),
         timeline: real.timeline(),
         verdict,
     }
 }
 
-fn take(played: &mut Vec<Played>, story: Story, executor: Executor) -> Option<Played> {
-    let at = played
-        .iter()
-        .position(|p| p.story == story && p.executor == executor)?;
-    Some(played.remove(at))
-}
-
-fn print_story(number: usize, stock: &Played, podstream: &Played) {
-    println!("{number}. {} ({})", stock.story.title(), stock.story.seed());
+fn print_story(number: usize, story: Story, stock: &Played, podstream: &Played) {
+    println!("{number}. {} ({})", story.title(), story.seed());
     println!("   stock executor:     {}", stock.outcome);
     let verdict = match &podstream.verdict {
         Ok(()) => "OK".to_owned(),
