@@ -58,18 +58,22 @@ impl<S: StateStore> Processor<S> {
         let recorded = self
             .store
             .update(key, |record| {
-                record.decide(rules, event, pod, key, NO_SEQUENCE)
+                match record.decide(rules, event, pod, key, NO_SEQUENCE) {
+                    Recorded::Stale => Err(record
+                        .pod(&pod.uid)
+                        .map(|p| p.state.resource_version.clone())
+                        .unwrap_or_default()),
+                    Recorded::Applied { outcome, commands } => Ok((outcome, commands)),
+                }
             })
             .map_err(HandleError::Store)?;
         let (outcome, commands) = match recorded {
-            Recorded::Stale {
-                last_resource_version,
-            } => {
+            Err(last_resource_version) => {
                 debug!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner,
                     resource_version = %event.resource_version, %last_resource_version, "stale event, nothing to do");
                 return Ok(Vec::new());
             }
-            Recorded::Applied { outcome, commands } => (outcome, commands),
+            Ok(applied) => applied,
         };
         if let Outcome::Ignored(Ignored::UnknownPhase) = outcome {
             warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),

@@ -39,10 +39,7 @@ pub struct TaskRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Recorded<'e> {
     /// Not newer than what the record holds for its pod: nothing changed.
-    Stale {
-        /// The pod's last applied resourceVersion.
-        last_resource_version: String,
-    },
+    Stale,
     /// Decided and recorded.
     Applied {
         /// What the event says about its TI, before duplicate resolution.
@@ -110,7 +107,7 @@ impl TaskRecord {
     ) -> Result<Vec<Command>, EventError> {
         let (pod, key) = identity(event)?;
         Ok(match self.decide(rules, event, pod, key, sequence) {
-            Recorded::Stale { .. } => Vec::new(),
+            Recorded::Stale => Vec::new(),
             Recorded::Applied { commands, .. } => commands
                 .into_iter()
                 .map(TaskCommand::into_command)
@@ -132,12 +129,7 @@ impl TaskRecord {
     ) -> Recorded<'e> {
         let uid = pod.uid.as_str();
         if sequence != 0 && sequence <= self.last_sequence(uid) {
-            return Recorded::Stale {
-                last_resource_version: self
-                    .pod(uid)
-                    .map(|p| p.state.resource_version.clone())
-                    .unwrap_or_default(),
-            };
+            return Recorded::Stale;
         }
         // The state moves out of the record and back: nothing is copied.
         let prior = Prior {
@@ -147,17 +139,13 @@ impl TaskRecord {
         match decide_identified(rules, event, pod, key, prior) {
             Decision::Stale { prior } => {
                 self.task = prior.task;
-                let mut last_resource_version = String::new();
                 if let Some(record) = self.pod_mut(uid) {
                     if let Some(state) = prior.pod {
                         record.state = state;
                     }
                     record.sequence = record.sequence.max(sequence);
-                    last_resource_version.clone_from(&record.state.resource_version);
                 }
-                Recorded::Stale {
-                    last_resource_version,
-                }
+                Recorded::Stale
             }
             Decision::Applied(applied) => {
                 let record = PodRecord {
