@@ -123,36 +123,57 @@ fn airflow_3_1_with_podstreams_executor_runs_the_dags() {
     runs_the_dags_with(Airflow::line("3.1"), Executor::Podstream);
 }
 
-/// A pod killed under its running task (OOMKilled): podstream's `fail` enters the executor,
-/// and Airflow retries once, then fails the task, each callback once.
-fn a_killed_pod_fails_its_try(airflow: Airflow) {
-    let real = RealAirflow::start_with(airflow, Dags::Failures, Executor::Podstream);
-    let state = real.wait_for_run("podstream_failures", Duration::from_secs(360));
+/// Runs `dag` (one task, `task`, with one retry, whose every try fails) on Airflow with
+/// podstream's executor: the run fails, the task ends failed on try 2, and each callback runs
+/// once. Prints the timeline under `what`; returns the stage for the story's own checks.
+fn fails_after_one_retry(
+    airflow: Airflow,
+    dags: Dags,
+    dag: &str,
+    task: &str,
+    what: &str,
+) -> RealAirflow {
+    let real = RealAirflow::start_with(airflow, dags, Executor::Podstream);
+    let state = real.wait_for_run(dag, Duration::from_secs(360));
     let version = airflow.short();
     println!(
-        "=== Airflow {version}, Podstream executor (a killed pod): run {state}\n{}",
+        "=== Airflow {version}, Podstream executor ({what}): run {state}\n{}",
         real.timeline()
     );
     assert_eq!(state, "failed", "Airflow {version}\n{}", real.logs());
     assert_eq!(
-        real.tis("podstream_failures"),
-        [ti("killed", "failed", 2)],
+        real.tis(dag),
+        [ti(task, "failed", 2)],
         "Airflow {version}\n{}",
         real.logs()
     );
     assert_eq!(
         real.markers_settled(2, CALLBACKS),
         [
-            "failure.podstream_failures.killed.2",
-            "retry.podstream_failures.killed.1",
+            format!("failure.{dag}.{task}.2"),
+            format!("retry.{dag}.{task}.1"),
         ],
         "Airflow {version}: one callback per try\n{}",
         real.timeline()
     );
+    real
+}
+
+/// A pod killed under its running task (OOMKilled): podstream's `fail` enters the executor,
+/// and Airflow retries once, then fails the task, each callback once.
+fn a_killed_pod_fails_its_try(airflow: Airflow) {
+    let real = fails_after_one_retry(
+        airflow,
+        Dags::Failures,
+        "podstream_failures",
+        "killed",
+        "a killed pod",
+    );
     let log = real.logs_of("scheduler").join("\n");
     assert!(
         log.contains("enters the executor as failed"),
-        "Airflow {version}: the failure came from podstream\n{log}"
+        "Airflow {}: the failure came from podstream\n{log}",
+        airflow.short()
     );
 }
 
@@ -171,30 +192,14 @@ fn airflow_3_1_with_podstreams_executor_retries_a_killed_pod() {
 /// relaunches each try's pod once without spending a retry (`pods_per_try` 2), before that it
 /// fails the try at once (1); either way Airflow retries once, then fails, each callback once.
 fn a_pod_that_never_starts_fails_its_try(airflow: Airflow, pods_per_try: usize) {
-    let real = RealAirflow::start_with(airflow, Dags::LaunchFailures, Executor::Podstream);
-    let dag = "podstream_launch_failures";
-    let state = real.wait_for_run(dag, Duration::from_secs(360));
+    let real = fails_after_one_retry(
+        airflow,
+        Dags::LaunchFailures,
+        "podstream_launch_failures",
+        "unpullable",
+        "a pod that never starts",
+    );
     let version = airflow.short();
-    println!(
-        "=== Airflow {version}, Podstream executor (a pod that never starts): run {state}\n{}",
-        real.timeline()
-    );
-    assert_eq!(state, "failed", "Airflow {version}\n{}", real.logs());
-    assert_eq!(
-        real.tis(dag),
-        [ti("unpullable", "failed", 2)],
-        "Airflow {version}\n{}",
-        real.logs()
-    );
-    assert_eq!(
-        real.markers_settled(2, CALLBACKS),
-        [
-            "failure.podstream_launch_failures.unpullable.2",
-            "retry.podstream_launch_failures.unpullable.1",
-        ],
-        "Airflow {version}: one callback per try\n{}",
-        real.timeline()
-    );
     let tries: Vec<String> = real
         .pods()
         .iter()
