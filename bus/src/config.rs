@@ -11,6 +11,10 @@ use crate::StreamSettings;
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Seconds in which a re-published message is dropped as a duplicate, by default.
 pub const DEFAULT_DUPLICATE_WINDOW_SECONDS: u64 = 120;
+/// Seconds a durable consumer waits for an ack before it redelivers, by default: what a
+/// crashed instance held comes back this soon; a live one keeps what it works on longer with
+/// progress acks ([`crate::in_flight`]).
+pub const DEFAULT_ACK_WAIT_SECONDS: u64 = 4;
 /// Hours messages are kept for replay, by default.
 pub const DEFAULT_MAX_AGE_HOURS: u64 = 7 * 24;
 
@@ -58,4 +62,9 @@ pub fn default_duplicate_window() -> Duration {
 /// The default replay horizon.
 pub fn default_max_age() -> Duration {
     Duration::from_secs(DEFAULT_MAX_AGE_HOURS * 3600)
+}
+
+/// The default ack wait of the durable consumers.
+pub fn default_ack_wait() -> Duration {
+    Duration::from_secs(DEFAULT_ACK_WAIT_SECONDS)
 }

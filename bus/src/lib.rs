@@ -7,6 +7,8 @@
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
+//! - [`in_flight`]: the messages a stage holds unacked, kept from redelivery with progress
+//!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
 
@@ -14,6 +16,7 @@ pub mod backoff;
 pub mod config;
 pub mod connect;
 pub mod dead;
+pub mod in_flight;
 pub mod local_server;
 pub mod role;
 pub mod streams;
@@ -21,4 +24,5 @@ pub mod streams;
 pub use backoff::Backoff;
 pub use config::BusConfig;
 pub use connect::connect;
+pub use in_flight::{Held, InFlight, Inbox};
 pub use streams::{StreamError, StreamSettings};

@@ -5,7 +5,7 @@ use clap::Args;
 use podstream_processor::service::{self, ProcessConfig};
 
 use crate::decide::RulesArgs;
-use crate::stream_args::{NatsArgs, StreamArgs};
+use crate::stream_args::{AckWaitArgs, NatsArgs, StreamArgs};
 
 /// Flags of `podstream process`.
 #[derive(Debug, Args)]
@@ -44,6 +44,8 @@ pub struct ProcessArgs {
     /// Seconds a silent instance keeps its consumer before a standby instance takes over.
     #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = service::DEFAULT_FAILOVER_SECONDS)]
     pub failover_seconds: u64,
+    #[command(flatten)]
+    pub ack_wait: AckWaitArgs,
     /// Task records kept in memory with their KV revisions, so a task instance's next event
     /// needs no read (compare-and-set still guards every write); 0 reads each from KV.
     #[arg(
@@ -73,6 +75,7 @@ impl ProcessArgs {
             batch_size: self.batch_size,
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
+            ack_wait: self.ack_wait.ack_wait(),
             cached_records: self.cached_records,
         }
     }

@@ -17,7 +17,7 @@ use crate::decide::RulesArgs;
 use crate::kube_args::KubeArgs;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::retention_args::RetentionArgs;
-use crate::stream_args::StreamArgs;
+use crate::stream_args::{AckWaitArgs, StreamArgs};
 
 /// Flags of `podstream run`.
 #[derive(Debug, Args)]
@@ -44,6 +44,8 @@ pub struct RunArgs {
     pub rules: RulesArgs,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub ack_wait: AckWaitArgs,
 }
 
 impl RunArgs {
@@ -57,10 +59,12 @@ impl RunArgs {
             },
             process: ProcessConfig {
                 rules: self.rules.rules(),
+                ack_wait: self.ack_wait.ack_wait(),
                 ..ProcessConfig::default()
             },
             sink: SinkConfig {
                 applied_retention,
+                ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
             },
         }

@@ -9,7 +9,7 @@ use podstream_sink::service::{self, SinkConfig};
 
 use crate::db_args::DbArgs;
 use crate::retention_args::RetentionArgs;
-use crate::stream_args::{NatsArgs, StreamArgs};
+use crate::stream_args::{AckWaitArgs, NatsArgs, StreamArgs};
 
 /// Flags of `podstream sink`.
 #[derive(Debug, Args)]
@@ -41,6 +41,8 @@ pub struct SinkArgs {
     #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
     connections: usize,
     #[command(flatten)]
+    ack_wait: AckWaitArgs,
+    #[command(flatten)]
     retention: RetentionArgs,
 }
 
@@ -59,6 +61,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             batch_size: args.batch_size,
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             connections: args.connections,
+            ack_wait: args.ack_wait.ack_wait(),
             applied_retention,
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;

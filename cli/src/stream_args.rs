@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use podstream_bus::config::{
-    DEFAULT_DUPLICATE_WINDOW_SECONDS, DEFAULT_MAX_AGE_HOURS, DEFAULT_NATS_URL,
+    DEFAULT_ACK_WAIT_SECONDS, DEFAULT_DUPLICATE_WINDOW_SECONDS, DEFAULT_MAX_AGE_HOURS,
+    DEFAULT_NATS_URL,
 };
 use podstream_bus::{BusConfig, StreamSettings};
 use podstream_proto::subject::{DEFAULT_PREFIX, Subjects};
@@ -72,5 +73,22 @@ impl StreamArgs {
             prefix: self.prefix.prefix.clone(),
             streams: self.settings(),
         }
+    }
+}
+
+/// How long a durable consumer (the processor's, the sink's) waits for an ack.
+#[derive(Debug, Clone, Args)]
+pub struct AckWaitArgs {
+    /// Seconds a durable consumer waits for a message's ack before redelivering it: how soon
+    /// the work a crashed instance held is taken up again. An instance at work on a message
+    /// longer than this keeps it with progress acks, so a slow database causes no redelivery.
+    #[arg(long, env = "PODSTREAM_ACK_WAIT_SECONDS", default_value_t = DEFAULT_ACK_WAIT_SECONDS)]
+    pub ack_wait_seconds: u64,
+}
+
+impl AckWaitArgs {
+    /// The ack wait (at least a second: a shorter one would redeliver live work).
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_seconds.max(1))
     }
 }

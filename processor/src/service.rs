@@ -24,6 +24,10 @@
 //!   lookup is skipped when the event itself says where the pod's previous event is
 //!   (`previous_sequence`, from an ingest that knows) and that is the one the record last
 //!   decided: nothing of the pod can lie between.
+//! - **Crash recovery.** The consumer's ack wait is short (`--ack-wait-seconds`), so the events
+//!   a crashed instance held are redelivered within seconds; a live instance keeps what it
+//!   holds longer with progress acks ([`InFlight`]). A starting instance unpins the consumer,
+//!   so a restart after a crash does not wait out the dead instance's pin either.
 //! - **Exactly once in effect.** Commands carry deterministic `Nats-Msg-Id`s and are stored in
 //!   the record's outbox by the same write as the state; a pod event is acked only after its
 //!   commands are acked.
@@ -39,6 +43,7 @@ use futures::StreamExt;
 use podstream_bus::Backoff;
 use podstream_bus::BusConfig;
 use podstream_bus::dead::{self, DeadLetter};
+use podstream_bus::in_flight::{Held, InFlight};
 use podstream_bus::streams;
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Role, Stage, Stream, Subjects, encode_token};
@@ -71,6 +76,9 @@ pub struct ProcessConfig {
     pub concurrency: usize,
     /// How long a silent instance keeps its consumer before a standby takes over.
     pub failover: Duration,
+    /// How long the consumer waits for an event's ack before redelivering it: how soon a
+    /// crashed instance's events are decided again (held ones get progress acks).
+    pub ack_wait: Duration,
     /// Task records kept in memory with their KV revisions (0: read each one from KV).
     pub cached_records: usize,
 }
@@ -102,6 +110,7 @@ impl Default for ProcessConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             concurrency: DEFAULT_CONCURRENCY,
             failover: Duration::from_secs(DEFAULT_FAILOVER_SECONDS),
+            ack_wait: podstream_bus::config::default_ack_wait(),
             cached_records: DEFAULT_CACHED_RECORDS,
         }
     }
@@ -181,29 +190,34 @@ pub async fn run(
             None => config.consumer.clone(),
             Some(owner) => format!("{}-{}", config.consumer, encode_token(owner)),
         };
-        let consumer = pods
-            .get_or_create_consumer(
-                &name,
-                pull::Config {
-                    durable_name: Some(name.clone()),
-                    filter_subject: subjects.pod_events_filter(scope),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: Duration::from_secs(30),
-                    max_ack_pending: 10_000,
-                    // One instance at a time pulls a consumer; the others stand by.
-                    priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
-                    priority_groups: vec![PRIORITY_GROUP.to_owned()],
-                    priority_timeout: config.failover,
-                    ..Default::default()
-                },
-            )
+        // Created or updated, so a changed ack wait or failover reaches an existing consumer.
+        let consumer: jetstream::consumer::PullConsumer = pods
+            .create_consumer(pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects.pod_events_filter(scope),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                max_ack_pending: 10_000,
+                // One instance at a time pulls a consumer; the others stand by.
+                priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
+                priority_groups: vec![PRIORITY_GROUP.to_owned()],
+                priority_timeout: config.failover,
+                ..Default::default()
+            })
             .await
             .with_context(|| format!("creating consumer {name}"))?;
+        // A start is most often a restart after a crash, whose pin would keep the consumer
+        // for --failover-seconds: take it now. A live pinned instance hands over once, which
+        // per-pod order allows (see the module doc).
+        if let Err(error) = pods.unpin_consumer(&name, PRIORITY_GROUP).await {
+            debug!(%error, consumer = %name, "unpin on start failed; waiting for the pin to time out");
+        }
         info!(consumer = %name, filter = %subjects.pod_events_filter(scope), "processing");
         consumers.push(consumer);
     }
 
     let worker = Worker {
+        in_flight: InFlight::start(js.client(), config.ack_wait),
         js,
         pods: pods.clone(),
         records,
@@ -273,7 +287,7 @@ async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow:
 
 /// A pod event taken off the consumer.
 struct Delivery {
-    message: jetstream::Message,
+    message: Held,
     sequence: u64,
     event: PodEvent,
     key: String,
@@ -282,6 +296,8 @@ struct Delivery {
 /// What every consumer loop shares.
 struct Worker {
     js: jetstream::Context,
+    /// Every event pulled and not yet acked, kept from redelivery while it is decided.
+    in_flight: InFlight,
     pods: stream::Stream,
     records: kv::Store,
     cache: RecordCache,
@@ -320,6 +336,7 @@ impl Worker {
             .messages()
             .await
             .context("starting the pull")?;
+        let messages = self.in_flight.receive(messages);
         let mut chunks = messages.ready_chunks(config.batch_size.max(1));
         loop {
             let chunk = tokio::select! {
@@ -348,12 +365,7 @@ impl Worker {
     }
 
     /// Decides one fetched batch: messages of one TI in order, different TIs concurrently.
-    async fn batch(
-        &self,
-        fetched: Vec<jetstream::Message>,
-        concurrency: usize,
-        stats: &mut ProcessStats,
-    ) {
+    async fn batch(&self, fetched: Vec<Held>, concurrency: usize, stats: &mut ProcessStats) {
         let mut groups: Vec<Vec<Delivery>> = Vec::new();
         let mut group_of: HashMap<String, usize> = HashMap::new();
         for message in fetched {
@@ -380,7 +392,7 @@ impl Worker {
     }
 
     /// Sorts out notices and malformed messages; the rest is decided.
-    async fn accept(&self, message: jetstream::Message) -> Accepted {
+    async fn accept(&self, message: Held) -> Accepted {
         let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
         if podstream_bus::role::is_left_notice(message.headers.as_ref()) {
             // The owner's side of a transfer: the event itself is on the new owner's subject.

@@ -3,7 +3,10 @@
 //! lane's batch is applied in one transaction and acked only after the commit. Several sinks
 //! may share the consumer. A connection problem retries the batch (nothing was committed); a
 //! command the database refuses goes to `podstream.dead.sink` and the rest of the batch applies.
-
+//!
+//! The consumer's ack wait is short (`--ack-wait-seconds`), so what a crashed sink held is
+//! applied by the next within seconds; a live sink keeps every command it holds with progress
+//! acks until its batch commits ([`InFlight`]).
 use std::future::Future;
 use std::time::Duration;
 
@@ -13,6 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 use podstream_bus::Backoff;
 use podstream_bus::BusConfig;
 use podstream_bus::dead::DeadLetter;
+use podstream_bus::in_flight::{Held, InFlight, Inbox};
 use podstream_bus::streams;
 use podstream_proto::Command;
 use podstream_proto::subject::{Stage, Stream, Subjects};
@@ -45,6 +49,9 @@ pub struct SinkConfig {
     pub batch_wait: Duration,
     /// Lanes on PostgreSQL, each a transaction at a time, commands routed by TI (SQLite: one).
     pub connections: usize,
+    /// How long the consumer waits for a command's ack before redelivering it: how soon a
+    /// crashed sink's commands are applied by another (held ones get progress acks).
+    pub ack_wait: Duration,
     /// How long `podstream_applied` keeps command ids (`None`: forever); see [`retention`].
     ///
     /// [`retention`]: crate::retention
@@ -59,6 +66,7 @@ impl Default for SinkConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
+            ack_wait: podstream_bus::config::default_ack_wait(),
             applied_retention: Some(crate::retention::default_applied_retention(
                 podstream_bus::config::default_max_age(),
             )),
@@ -148,7 +156,8 @@ pub async fn run(
             durable_name: Some(config.consumer.clone()),
             filter_subject: subjects.commands_filter(None),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: config.ack_wait,
+            // Also what one sink may hold: its inbox reads ahead of the lanes.
             max_ack_pending: 20_000,
             metadata: [(
                 TASK_FAILURES_METADATA.to_owned(),
@@ -174,7 +183,10 @@ pub async fn run(
     );
     // A continuous pull, handed to the lanes as it arrives: a quiet stream commits each
     // command at once, a busy one fills each lane's next batch while its previous one commits.
-    let mut chunks = pull_stream(&consumer, config.batch_size).await;
+    // Every command pulled is held, with progress acks, until its batch commits: a slow
+    // database keeps its commands rather than seeing them redelivered.
+    let in_flight = InFlight::start(js.client(), config.ack_wait);
+    let mut chunks = pull_stream(&consumer, config.batch_size, &in_flight).await;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -183,7 +195,7 @@ pub async fn run(
                 let Some(chunk) = chunk else {
                     tracing::warn!("the pull stream ended; pulling again");
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    chunks = pull_stream(&consumer, config.batch_size).await;
+                    chunks = pull_stream(&consumer, config.batch_size, &in_flight).await;
                     continue;
                 };
                 for message in chunk {
@@ -236,7 +248,7 @@ pub async fn run(
 async fn finish(
     js: &jetstream::Context,
     subjects: &Subjects,
-    batch: Applied<jetstream::Message>,
+    batch: Applied<Held>,
     summary: &mut Summary,
 ) {
     for (item, message, outcome) in batch {
@@ -251,10 +263,15 @@ async fn finish(
     }
 }
 
-type Chunks = futures::stream::ReadyChunks<pull::Stream>;
+type Chunks = futures::stream::ReadyChunks<Inbox>;
 
-/// The consumer's messages in chunks of what has arrived, retrying until the pull starts.
-async fn pull_stream(consumer: &jetstream::consumer::PullConsumer, batch_size: usize) -> Chunks {
+/// The consumer's messages in chunks of what has arrived, each held from its arrival,
+/// retrying until the pull starts.
+async fn pull_stream(
+    consumer: &jetstream::consumer::PullConsumer,
+    batch_size: usize,
+    in_flight: &InFlight,
+) -> Chunks {
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
     loop {
         match consumer
@@ -263,7 +280,7 @@ async fn pull_stream(consumer: &jetstream::consumer::PullConsumer, batch_size: u
             .messages()
             .await
         {
-            Ok(messages) => return messages.ready_chunks(batch_size.max(1)),
+            Ok(messages) => return in_flight.receive(messages).ready_chunks(batch_size.max(1)),
             Err(error) => {
                 tracing::warn!(%error, "pulling commands failed; retrying");
                 backoff.wait().await;

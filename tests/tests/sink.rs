@@ -609,11 +609,23 @@ fn start_sink(
     tokio::task::JoinHandle<podstream_sink::summary::Summary>,
     tokio::sync::oneshot::Sender<()>,
 ) {
+    start_sink_with(
+        SinkConfig {
+            bus: BusConfig::at(nats),
+            ..SinkConfig::default()
+        },
+        db,
+    )
+}
+
+fn start_sink_with(
+    config: SinkConfig,
+    db: Database,
+) -> (
+    tokio::task::JoinHandle<podstream_sink::summary::Summary>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = SinkConfig {
-        bus: BusConfig::at(nats),
-        ..SinkConfig::default()
-    };
     let task = tokio::spawn(async move {
         service::run(config, db, async move {
             let _ = stopped.await;
@@ -850,6 +862,78 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
             .unwrap()
             .contains("integer job id")
     }));
+}
+
+/// A database slower than the ack wait (a lock held for four of them): the sink keeps the
+/// commands it holds with progress acks, so none is redelivered, and each applies once when
+/// the lock goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_slower_than_the_ack_wait_causes_no_redelivery() {
+    use sqlx::Connection as _;
+    const ACK_WAIT: Duration = Duration::from_secs(1);
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let (target, db) = prepared(Airflow::line("3.1"), true, "slow").await;
+    let mut locker = sqlx::PgConnection::connect(&target.url).await.unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE task_instance IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let (task, stop) = start_sink_with(
+        SinkConfig {
+            bus: BusConfig::at(&nats.url()),
+            ack_wait: ACK_WAIT,
+            ..SinkConfig::default()
+        },
+        db.clone(),
+    );
+    publish(&js, &commands()).await;
+    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let mut consumer: jetstream::consumer::PullConsumer = loop {
+        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
+            break consumer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(4 * ACK_WAIT).await;
+    let held = consumer.info().await.unwrap().clone();
+    assert_eq!(
+        held.num_ack_pending,
+        commands().len(),
+        "the sink holds every command while the table is locked: {held:?}"
+    );
+    assert_eq!(held.num_redelivered, 0, "{held:?}");
+    lock.rollback().await.unwrap();
+
+    let all = commands().len() as i64;
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+        all,
+    )
+    .await;
+    let _ = stop.send(());
+    let summary = task.await.unwrap();
+    let after = consumer.info().await.unwrap().clone();
+    assert_eq!(
+        after.delivered.consumer_sequence,
+        commands().len() as u64,
+        "each command was delivered once: {after:?}"
+    );
+    assert_eq!(after.num_ack_pending, 0, "{after:?}");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT CAST(COUNT(DISTINCT command_id) AS BIGINT) FROM podstream_applied"
+        )
+        .await,
+        all
+    );
+    assert_eq!(summary.skipped.get("already_applied"), None, "{summary}");
+    assert_eq!(states(&db).await, expected_states());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
