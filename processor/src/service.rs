@@ -26,8 +26,10 @@
 //!   decided: nothing of the pod can lie between.
 //! - **Crash recovery.** The consumer's ack wait is short (`--ack-wait-seconds`), so the events
 //!   a crashed instance held are redelivered within seconds; a live instance keeps what it
-//!   holds longer with progress acks ([`InFlight`]). A starting instance unpins the consumer,
-//!   so a restart after a crash does not wait out the dead instance's pin either.
+//!   holds longer with progress acks ([`InFlight`]). A starting instance unpins the consumer
+//!   and resets it to its ack floor, so a restart waits neither for the dead instance's pin
+//!   nor for its events' ack wait. (The sink cannot: sinks share a consumer, and a reset
+//!   would hand a live sink's commands to another while it applies them.)
 //! - **Exactly once in effect.** Commands carry deterministic `Nats-Msg-Id`s and are stored in
 //!   the record's outbox by the same write as the state; a pod event is acked only after its
 //!   commands are acked.
@@ -211,6 +213,12 @@ pub async fn run(
         // per-pod order allows (see the module doc).
         if let Err(error) = pods.unpin_consumer(&name, PRIORITY_GROUP).await {
             debug!(%error, consumer = %name, "unpin on start failed; waiting for the pin to time out");
+        }
+        // And back to its ack floor: what a dead instance held is delivered again now, not
+        // after the ack wait. What a live one holds too is decided twice at worst, which the
+        // records make a no-op. Servers before NATS 2.14 refuse; the ack wait then applies.
+        if let Err(error) = pods.reset_consumer(&name, None).await {
+            debug!(%error, consumer = %name, "consumer reset on start refused; in-flight events come back after the ack wait");
         }
         info!(consumer = %name, filter = %subjects.pod_events_filter(scope), "processing");
         consumers.push(consumer);

@@ -3,6 +3,8 @@
 //! `podstream_sim::Server`) the Kubernetes API simulator.
 
 pub mod bus;
+pub mod component;
+pub mod recovery;
 pub mod sink;
 
 pub use podstream_stage::{

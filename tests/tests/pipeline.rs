@@ -5,110 +5,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use podstream_proto::TaskKey;
-use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
+use podstream_sim::{Cluster, WorkerPod};
 use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
+use podstream_tests::component::Component;
 use podstream_tests::nats::NatsServer;
 use podstream_tests::podstream_binary;
 use podstream_tests::postgres::PgCluster;
+use podstream_tests::recovery::{self, Kill, NS, Stage};
 use sqlx::Row;
 
-const NS: &str = "airflow";
 const DAG: &str = "etl";
 const RUN: &str = "manual__2026-11-30";
-
-async fn sim() -> (Server, tempfile::TempDir) {
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let server = Server::start(
-        addr,
-        SimConfig {
-            namespaces: vec![NS.into()],
-            bookmark_interval: Duration::from_millis(500),
-            ..SimConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    server
-        .write_kubeconfig(&dir.path().join("kubeconfig"))
-        .unwrap();
-    (server, dir)
-}
-
-/// A `podstream` child process; SIGKILLed when dropped.
-struct Component {
-    child: Child,
-    args: Vec<String>,
-    kubeconfig: String,
-}
-
-impl Component {
-    fn start(args: &[&str], kubeconfig: &Path) -> Component {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let kubeconfig = kubeconfig.display().to_string();
-        let child = spawn(&args, &kubeconfig);
-        Component {
-            child,
-            args,
-            kubeconfig,
-        }
-    }
-
-    /// SIGKILL, then the same command again.
-    fn kill_and_restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = spawn(&self.args, &self.kubeconfig);
-    }
-
-    /// SIGTERM; the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{:?} did not stop on SIGTERM",
-                self.args
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Component {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(args: &[String], kubeconfig: &str) -> Child {
-    Command::new(podstream_binary())
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env(
-            "PODSTREAM_LOG",
-            std::env::var("PODSTREAM_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
 
 fn key(task_id: &str) -> TaskKey {
     TaskKey {
@@ -151,7 +63,7 @@ fn pod_exists(cluster: &Cluster, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn run_plays_the_seed_stories_on_postgres() {
-    let (sim, dir) = sim().await;
+    let (sim, dir) = recovery::simulator().await;
     let nats = NatsServer::start();
     let pg = PgCluster::start();
     let target = AirflowDb::postgres(Airflow::line("3.1"), &pg, "pipeline");
@@ -162,6 +74,7 @@ async fn run_plays_the_seed_stories_on_postgres() {
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
     let run = Component::start(
+        podstream_binary(),
         &[
             "run",
             "--nats",
@@ -227,7 +140,7 @@ async fn run_plays_the_seed_stories_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once() {
     const TASKS: usize = 60;
-    let (sim, dir) = sim().await;
+    let (sim, dir) = recovery::simulator().await;
     let kubeconfig = dir.path().join("kubeconfig");
     let nats = NatsServer::start();
     let target = AirflowDb::sqlite(Airflow::line("2.10"));
@@ -239,12 +152,21 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
     let url = nats.url();
-    let mut ingest = Component::start(&["ingest", "--nats", &url, "--namespaces", NS], &kubeconfig);
+    let mut ingest = Component::start(
+        podstream_binary(),
+        &["ingest", "--nats", &url, "--namespaces", NS],
+        &kubeconfig,
+    );
     let mut process = Component::start(
+        podstream_binary(),
         &["process", "--nats", &url, "--failover-seconds", "2"],
         &kubeconfig,
     );
-    let mut sink = Component::start(&["sink", "--nats", &url, "--db", &target.url], &kubeconfig);
+    let mut sink = Component::start(
+        podstream_binary(),
+        &["sink", "--nats", &url, "--db", &target.url],
+        &kubeconfig,
+    );
 
     let cluster = sim.cluster();
     // Every task: a pod, Running. Then a third is adopted by scheduler 2, a third deleted
@@ -327,5 +249,33 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
     );
     for component in [ingest, process, sink] {
         assert!(component.terminate().success());
+    }
+}
+
+/// Each stage (`run`, and `ingest`, `process`, `sink` as separate processes) killed with
+/// SIGKILL at several points just after a running pod failed, with changes while it is down:
+/// the database ends right and every command is applied once. The time from the kill and
+/// from the restart to the last commit is printed; `cargo bench --bench recovery` records
+/// its distribution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_stage_killed_just_after_a_failure_resumes_its_in_flight_work_once() {
+    podstream_tests::init_tracing();
+    for stage in Stage::ALL {
+        for after in [0, 10, 25, 50].map(Duration::from_millis) {
+            let kill = Kill {
+                stage,
+                after,
+                down: Duration::from_millis(500),
+                ack_wait_seconds: podstream_bus::config::DEFAULT_ACK_WAIT_SECONDS,
+            };
+            let recovery = recovery::play(podstream_binary(), kill).await;
+            eprintln!(
+                "{} killed {} ms after the failure: last commit {:.2} s after the kill, {:.2} s after the restart",
+                stage.name(),
+                after.as_millis(),
+                recovery.from_kill,
+                recovery.from_restart
+            );
+        }
     }
 }
