@@ -4,15 +4,16 @@
 
 use sqlx::Connection;
 
-use crate::db::{Database, is_transient};
+use crate::db::{Database, Fault, fault_of};
 use crate::item::{Item, Outcome};
 
 impl Database {
     /// Applies `items` in order in one transaction, set-based (a few statements per batch,
     /// see `batch.rs`). If the database refuses the batch for its data, it is applied again
     /// command by command to find the one at fault, which is reported `Dead` while the rest
-    /// applies. A connection problem fails the whole batch, which the caller retries
-    /// (nothing was committed).
+    /// applies. A fault of the database as a whole ([`Fault::Database`]: unreachable,
+    /// read-only, a column gone) fails the whole batch, which the caller retries (nothing
+    /// was committed, nothing is dead).
     pub async fn apply_batch(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
@@ -21,7 +22,7 @@ impl Database {
                 tx.commit().await?;
                 Ok(outcomes)
             }
-            Err(error) if is_transient(&error) => Err(error),
+            Err(error) if fault_of(&error) == Fault::Database => Err(error),
             Err(error) => {
                 tx.rollback().await?;
                 drop(conn);
@@ -47,7 +48,7 @@ impl Database {
                     savepoint.commit().await?;
                     outcomes.push(one.pop().unwrap_or(Outcome::Dead("not decided".into())));
                 }
-                Err(error) if is_transient(&error) => return Err(error),
+                Err(error) if fault_of(&error) == Fault::Database => return Err(error),
                 Err(error) => {
                     savepoint.rollback().await?;
                     outcomes.push(Outcome::Dead(format!(

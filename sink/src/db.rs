@@ -266,8 +266,9 @@ impl Database {
     }
 }
 
-/// Whether an error may go away by retrying (connection trouble, pool exhaustion, a locked
-/// SQLite file), as opposed to one the data causes.
+/// Whether connecting may succeed by trying again (the server is not up yet, a network
+/// hiccup, a locked SQLite file), as opposed to a refusal (wrong password, no such
+/// database) that waiting does not mend.
 pub fn is_transient(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_)
@@ -278,14 +279,89 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.to_string()).unwrap_or_default();
             // PostgreSQL: 08 connection, 53 resources, 57 operator intervention (shutdown),
-            // 40 serialization/deadlock. SQLite: 5 BUSY, 6 LOCKED.
+            // 40 serialization/deadlock. SQLite: BUSY, LOCKED.
             code.starts_with("08")
                 || code.starts_with("53")
                 || code.starts_with("57")
                 || code.starts_with("40")
-                || code == "5"
-                || code == "6"
+                || matches!(sqlite_primary_code(&code), Some(5 | 6))
         }
         _ => false,
+    }
+}
+
+/// Whose fault a failed statement is, which decides what the sink does about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The data of the command in hand (a constraint, a value a column refuses): that
+    /// command is dead-lettered with the reason and the rest of its batch applies.
+    Command,
+    /// The database as a whole (unreachable, read-only, a privilege or a column gone, disk
+    /// full, busy): nothing is acked or dead-lettered; the batch is retried until it applies.
+    Database,
+}
+
+/// Whose fault `error` is. Only what the data of one command can cause is the command's:
+/// PostgreSQL's classes 22 (data exception) and 23 (integrity constraint), SQLite's
+/// CONSTRAINT, MISMATCH, TOOBIG and RANGE, a value that does not encode or decode. Anything
+/// else would fail every command alike, and dead-lettering them would turn an outage into
+/// lost commands.
+pub fn fault_of(error: &sqlx::Error) -> Fault {
+    match error {
+        sqlx::Error::Encode(_) | sqlx::Error::Decode(_) | sqlx::Error::ColumnDecode { .. } => {
+            Fault::Command
+        }
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+            let command = match db.kind() {
+                sqlx::error::ErrorKind::UniqueViolation
+                | sqlx::error::ErrorKind::ForeignKeyViolation
+                | sqlx::error::ErrorKind::NotNullViolation
+                | sqlx::error::ErrorKind::CheckViolation => true,
+                _ => {
+                    code.starts_with("22")
+                        || code.starts_with("23")
+                        || matches!(sqlite_primary_code(&code), Some(18 | 19 | 20 | 25))
+                }
+            };
+            if command {
+                Fault::Command
+            } else {
+                Fault::Database
+            }
+        }
+        _ => Fault::Database,
+    }
+}
+
+/// SQLite's primary result code of an (extended) code as sqlx reports it; `None` for a
+/// PostgreSQL SQLSTATE, which is five characters and never all digits below 256.
+fn sqlite_primary_code(code: &str) -> Option<i32> {
+    if code.len() == 5 {
+        return None;
+    }
+    code.parse::<i32>().ok().map(|extended| extended & 0xff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_primary_code;
+
+    /// SQLite reports extended codes; the primary code is the low byte. A PostgreSQL
+    /// SQLSTATE is never read as one.
+    #[test]
+    fn sqlite_codes_are_read_by_their_primary_code() {
+        for (code, primary) in [
+            ("5", Some(5)),     // BUSY
+            ("517", Some(5)),   // BUSY_SNAPSHOT
+            ("2067", Some(19)), // CONSTRAINT_UNIQUE
+            ("1032", Some(8)),  // READONLY_DBMOVED
+            ("13", Some(13)),   // FULL
+            ("23505", None),    // PostgreSQL unique_violation
+            ("25006", None),    // PostgreSQL read_only_sql_transaction
+            ("42P01", None),    // PostgreSQL undefined_table
+        ] {
+            assert_eq!(sqlite_primary_code(code), primary, "{code}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use podstream_bus::Backoff;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::db::{Database, POOL_SIZE, is_transient};
+use crate::db::{Database, POOL_SIZE};
 use crate::dialect::Backend;
 use crate::item::{Item, Outcome};
 
@@ -139,15 +139,16 @@ async fn lane<T>(
     }
 }
 
-/// Applies a batch, retrying with backoff while the database is unreachable.
+/// Applies a batch, retrying with backoff while the database as a whole fails it
+/// (`apply_batch` returns only such faults): nothing is acked or dead-lettered meanwhile,
+/// and the progress acks keep the batch's messages from redelivery.
 async fn apply_with_retry(db: &Database, items: &[Item]) -> Vec<Outcome> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     loop {
         match db.apply_batch(items).await {
             Ok(outcomes) => return outcomes,
             Err(error) => {
-                let transient = is_transient(&error);
-                tracing::warn!(%error, transient, commands = items.len(), retry_in_ms = backoff.delay().as_millis() as u64, "applying a batch failed; retrying");
+                tracing::warn!(%error, commands = items.len(), retry_in_ms = backoff.delay().as_millis() as u64, "the database failed a batch; retrying it");
                 backoff.wait().await;
             }
         }

@@ -936,6 +936,113 @@ async fn a_database_slower_than_the_ack_wait_causes_no_redelivery() {
     assert_eq!(states(&db).await, expected_states());
 }
 
+/// A database that refuses every write (a renamed column, then a failover onto a read-only
+/// server) is an outage, not bad commands: while it lasts nothing is dead-lettered, acked or
+/// applied, and when it is undone every command applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_refuses_every_write_loses_no_command() {
+    use sqlx::Connection as _;
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let (target, db) = prepared(Airflow::line("3.1"), true, "refusing").await;
+    let (task, stop) = start_sink(&nats.url(), db.clone());
+    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let mut consumer: jetstream::consumer::PullConsumer = loop {
+        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
+            break consumer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    let mut admin = sqlx::PgConnection::connect(&target.url).await.unwrap();
+    let run = |sql: &'static str| sqlx::query(sql);
+    run("ALTER TABLE task_instance RENAME COLUMN state TO state_gone")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    publish(&js, &commands()).await;
+    let refused = |what: &'static str| {
+        let js = js.clone();
+        let db = db.clone();
+        let mut consumer = consumer.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let dead = js
+                .get_stream("PODSTREAM_DEAD")
+                .await
+                .unwrap()
+                .info()
+                .await
+                .unwrap()
+                .state
+                .messages;
+            assert_eq!(dead, 0, "{what}: nothing is dead-lettered");
+            let info = consumer.info().await.unwrap().clone();
+            assert_eq!(
+                info.num_ack_pending,
+                commands().len(),
+                "{what}: nothing is acked: {info:?}"
+            );
+            let applied = count(
+                &db,
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+            )
+            .await;
+            assert_eq!(applied, 0, "{what}: nothing is applied");
+        }
+    };
+    refused("a column gone").await;
+
+    // Back, and a failover onto a read-only server: every session from now on is read-only.
+    run("ALTER TABLE task_instance RENAME COLUMN state_gone TO state")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    let end_sessions = "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query(end_sessions).execute(&mut admin).await.unwrap();
+    refused("a read-only database").await;
+
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{database}\" RESET default_transaction_read_only"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query(end_sessions).execute(&mut admin).await.unwrap();
+    let all = commands().len() as i64;
+    wait_for(
+        &db,
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
+        all,
+    )
+    .await;
+    let _ = stop.send(());
+    let summary = task.await.unwrap();
+    assert_eq!(summary.dead_lettered, 0, "{summary}");
+    assert_eq!(states(&db).await, expected_states());
+    assert_eq!(
+        count(
+            &db,
+            "SELECT CAST(COUNT(DISTINCT command_id) AS BIGINT) FROM podstream_applied"
+        )
+        .await,
+        all
+    );
+    assert_eq!(consumer.info().await.unwrap().num_ack_pending, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     let nats = NatsServer::start();
