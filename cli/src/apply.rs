@@ -37,7 +37,7 @@ pub fn run(args: &ApplyArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let summary = runtime.block_on(async {
-        let db = Database::connect(&args.db.url()?)
+        let db = Database::connect_to(&args.db.target()?)
             .await?
             .with_policy(args.db.policy());
         let mut summary = Summary::default();

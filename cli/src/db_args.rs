@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use podstream_sink::db::with_password;
+use podstream_sink::db::DbTarget;
 use podstream_sink::guard::{Policy, TaskFailures};
 
 /// Where the metadata DB is and how to log in.
@@ -65,8 +65,8 @@ impl DbArgs {
             .with_task_failures(self.task_failures.into())
     }
 
-    /// The URL with the password from `PODSTREAM_DB_PASSWORD` or the password file.
-    pub fn url(&self) -> anyhow::Result<String> {
+    /// The database, with the password from `PODSTREAM_DB_PASSWORD` or the password file.
+    pub fn target(&self) -> anyhow::Result<DbTarget> {
         let db = self
             .db
             .as_deref()
@@ -74,10 +74,10 @@ impl DbArgs {
         self.with_password(db)
     }
 
-    /// The URL, or Airflow's default SQLite DB when `--db` is not given.
-    pub fn url_or_airflow_default(&self) -> anyhow::Result<String> {
+    /// The database, or Airflow's default SQLite DB when `--db` is not given.
+    pub fn target_or_airflow_default(&self) -> anyhow::Result<DbTarget> {
         match &self.db {
-            Some(_) => self.url(),
+            Some(_) => self.target(),
             None => {
                 let home = match std::env::var_os("AIRFLOW_HOME") {
                     Some(home) => std::path::PathBuf::from(home),
@@ -85,12 +85,15 @@ impl DbArgs {
                         .map(|h| std::path::PathBuf::from(h).join("airflow"))
                         .context("no --db, no AIRFLOW_HOME and no HOME to find airflow.db in")?,
                 };
-                Ok(format!("sqlite://{}", home.join("airflow.db").display()))
+                Ok(DbTarget::at(&format!(
+                    "sqlite://{}",
+                    home.join("airflow.db").display()
+                )))
             }
         }
     }
 
-    fn with_password(&self, db: &str) -> anyhow::Result<String> {
+    fn with_password(&self, db: &str) -> anyhow::Result<DbTarget> {
         let password = match &self.db_password_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)
@@ -100,6 +103,9 @@ impl DbArgs {
             ),
             None => std::env::var("PODSTREAM_DB_PASSWORD").ok(),
         };
-        Ok(with_password(db, password.as_deref()))
+        Ok(DbTarget {
+            url: db.to_owned(),
+            password,
+        })
     }
 }

@@ -73,7 +73,7 @@ impl RunArgs {
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let db_url = args.db.url_or_airflow_default()?;
+    let db_target = args.db.target_or_airflow_default()?;
     // A refused flag stops before a local server starts.
     let applied_retention = args.retention.retention(args.streams.settings().max_age)?;
     let (mut local, nats_url) = match &args.nats {
@@ -95,12 +95,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
-        let db = Database::connect(&db_url)
+        let db = Database::connect_to(&db_target)
             .await?
             .with_policy(args.db.policy());
         eprintln!(
             "podstream: running ingest, processor and sink (db {})",
-            podstream_sink::db::redacted(&db_url)
+            db_target.redacted()
         );
         let summaries = Pipeline::start(config, kube, db)
             .run_until(crate::signal::shutdown_signal())

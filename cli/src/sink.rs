@@ -52,7 +52,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let bus = args.streams.bus(&args.nats.nats);
     let applied_retention = args.retention.retention(bus.streams.max_age)?;
     runtime.block_on(async {
-        let db = Database::connect(&args.db.url()?)
+        let db = Database::connect_to(&args.db.target()?)
             .await?
             .with_policy(args.db.policy());
         let config = SinkConfig {

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{AnyPool, Row};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, install_default_drivers};
+use sqlx::{AnyPool, ConnectOptions as _, Row};
 
 use crate::airflow::{self, AirflowRelease, AirflowSchema};
 use crate::dialect::Backend;
@@ -18,6 +18,9 @@ pub enum DbError {
         "unsupported database URL scheme in {0} (use postgres://user@host:port/db or sqlite:///abs/path.db)"
     )]
     Scheme(String),
+    /// The URL does not parse.
+    #[error("invalid database URL {0}: {1}")]
+    Url(String, String),
     /// `alembic_version` holds a revision no supported release has, and the tables lack a
     /// column the sink needs.
     #[error(
@@ -71,66 +74,95 @@ async fn table_columns(
         .collect()
 }
 
-/// The URL with any password replaced, for logs and errors.
+/// The URL with any password replaced, for logs and errors; never fails.
 pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
+    match url::Url::parse(url) {
+        Ok(mut parsed) if matches!(parsed.scheme(), "postgres" | "postgresql" | "sqlite") => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
             }
+            parsed.to_string()
         }
-        _ => url.to_owned(),
+        // Not a database URL: it may still hold a password before an `@`; show only the
+        // user name.
+        _ => match url.split_once('@') {
+            Some((before, _)) => format!("{}@...", before.split(':').next().unwrap_or_default()),
+            None => url.to_owned(),
+        },
     }
 }
 
-/// Puts a password (from `--db-password-file` or an env var) into a URL that has none.
-pub fn with_password(url: &str, password: Option<&str>) -> String {
-    let Some(password) = password.filter(|p| !p.is_empty()) else {
-        return url.to_owned();
-    };
-    let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@')) else {
-        return url.to_owned();
-    };
-    let credentials = &url[scheme + 3..at];
-    if credentials.contains(':') || at < scheme {
-        return url.to_owned();
+/// A metadata database to connect to: its URL, and a password given apart from it (from
+/// `--db-password-file` or `PODSTREAM_DB_PASSWORD`, kept out of the process list).
+#[derive(Clone, Default)]
+pub struct DbTarget {
+    /// `postgres://user@host:port/db` or `sqlite:///abs/path.db`.
+    pub url: String,
+    /// Used when the URL carries none.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for DbTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbTarget")
+            .field("url", &redacted(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
     }
-    let encoded: String = password
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
-    format!(
-        "{}{credentials}:{encoded}{}",
-        &url[..scheme + 3],
-        &url[at..]
-    )
+}
+
+impl DbTarget {
+    /// The database at `url`, with whatever credentials it carries.
+    pub fn at(url: &str) -> DbTarget {
+        DbTarget {
+            url: url.to_owned(),
+            password: None,
+        }
+    }
+
+    /// The URL for logs and errors, without a password.
+    pub fn redacted(&self) -> String {
+        redacted(&self.url)
+    }
+
+    /// Its dialect and the driver's connect options: the URL parsed, the password set
+    /// through the parser (percent-encoded as needed) when the URL has none, and SQLite
+    /// opened read-write without creating a file.
+    pub fn connect_options(&self) -> Result<(Backend, AnyConnectOptions), DbError> {
+        let mut url =
+            url::Url::parse(&self.url).map_err(|e| DbError::Url(self.redacted(), e.to_string()))?;
+        let backend = match url.scheme() {
+            "postgres" | "postgresql" => Backend::Postgres,
+            "sqlite" => Backend::Sqlite,
+            _ => return Err(DbError::Scheme(self.redacted())),
+        };
+        if let Some(password) = self.password.as_deref().filter(|p| !p.is_empty())
+            && url.password().is_none()
+        {
+            url.set_password(Some(password))
+                .map_err(|()| DbError::Url(self.redacted(), "it cannot carry a password".into()))?;
+        }
+        if backend == Backend::Sqlite && url.query().is_none() {
+            url.set_query(Some("mode=rw"));
+        }
+        let options = AnyConnectOptions::from_url(&url)
+            .map_err(|e| DbError::Url(self.redacted(), e.to_string()))?;
+        Ok((backend, options))
+    }
 }
 
 impl Database {
     /// Connects (retrying with backoff while the server is unreachable), checks the Airflow
     /// schema, and creates podstream's tables if missing.
     pub async fn connect(url: &str) -> anyhow::Result<Database> {
+        Database::connect_to(&DbTarget::at(url)).await
+    }
+
+    /// [`Database::connect`] to a target whose password may be given apart from its URL.
+    pub async fn connect_to(target: &DbTarget) -> anyhow::Result<Database> {
         install_default_drivers();
-        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("sqlite:") {
-            Backend::Sqlite
-        } else {
-            return Err(DbError::Scheme(redacted(url)).into());
-        };
-        let url = match backend {
-            // SQLite: wait on a locked database rather than fail at once.
-            Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rw"),
-            _ => url.to_owned(),
-        };
+        let (backend, connect_options) = target.connect_options()?;
+        let shown = target.redacted();
         let mut backoff =
             podstream_bus::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
         let pool = loop {
@@ -157,14 +189,14 @@ impl Database {
                         Ok(())
                     })
                 });
-            match options.connect(&url).await {
+            match options.connect_with(connect_options.clone()).await {
                 Ok(pool) => break pool,
                 Err(error) if is_transient(&error) => {
-                    tracing::warn!(db = %redacted(&url), %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
+                    tracing::warn!(db = %shown, %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
                     backoff.wait().await;
                 }
                 Err(error) => {
-                    return Err(error).with_context(|| format!("connecting to {}", redacted(&url)));
+                    return Err(error).with_context(|| format!("connecting to {}", shown));
                 }
             }
         };
@@ -201,7 +233,7 @@ impl Database {
             policy: std::sync::Arc::default(),
         };
         database.create_tables().await?;
-        tracing::info!(db = %redacted(&url), ?backend, ?airflow, release = release.map(|r| r.release), "metadata database ready");
+        tracing::info!(db = %shown, ?backend, ?airflow, release = release.map(|r| r.release), "metadata database ready");
         Ok(database)
     }
 
@@ -345,7 +377,89 @@ fn sqlite_primary_code(code: &str) -> Option<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::sqlite_primary_code;
+    use super::{Backend, DbError, DbTarget, redacted, sqlite_primary_code};
+
+    /// No URL, however odd, shows its password or makes `redacted` panic.
+    #[test]
+    fn redacted_urls_never_show_a_password() {
+        for (url, shown) in [
+            (
+                "postgres://airflow:s3cret@db:5432/airflow",
+                "postgres://airflow:***@db:5432/airflow",
+            ),
+            (
+                "postgres://airflow@db/airflow",
+                "postgres://airflow@db/airflow",
+            ),
+            (
+                "postgres://airflow:p%40ss@db/airflow",
+                "postgres://airflow:***@db/airflow",
+            ),
+            (
+                "sqlite:///srv/airflow/airflow.db",
+                "sqlite:///srv/airflow/airflow.db",
+            ),
+            ("user:s3cret@host://db", "user@..."),
+            ("s3cret@", "s3cret@..."),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+    }
+
+    /// A password given apart goes in through the URL parser, encoded; one in the URL wins;
+    /// SQLite opens read-write; anything else is a clear error, never a panic.
+    #[test]
+    fn connect_options_take_the_password_through_the_parser() {
+        let with = |url: &str, password: Option<&str>| DbTarget {
+            url: url.into(),
+            password: password.map(Into::into),
+        };
+        for (target, backend, url) in [
+            (
+                with("postgres://airflow@db:5432/airflow", Some("p@ss:w/rd")),
+                Backend::Postgres,
+                "postgres://airflow:p%40ss%3Aw%2Frd@db:5432/airflow",
+            ),
+            (
+                with("postgresql://airflow:inurl@db/airflow", Some("apart")),
+                Backend::Postgres,
+                "postgresql://airflow:inurl@db/airflow",
+            ),
+            (
+                with("postgres://airflow@db/airflow", Some("")),
+                Backend::Postgres,
+                "postgres://airflow@db/airflow",
+            ),
+            (
+                with("sqlite:///srv/airflow.db", None),
+                Backend::Sqlite,
+                "sqlite:///srv/airflow.db?mode=rw",
+            ),
+            (
+                with("sqlite:///srv/airflow.db?mode=ro", None),
+                Backend::Sqlite,
+                "sqlite:///srv/airflow.db?mode=ro",
+            ),
+        ] {
+            let (got, options) = target.connect_options().unwrap();
+            assert_eq!(got, backend, "{target:?}");
+            assert_eq!(options.database_url.as_str(), url, "{target:?}");
+        }
+        for (target, scheme_error) in [
+            (with("mysql://root@db/airflow", None), true),
+            (with("user:s3cret@host://db", Some("x")), true),
+            (with("not a url", None), false),
+        ] {
+            let error = target.connect_options().unwrap_err();
+            assert_eq!(matches!(error, DbError::Scheme(_)), scheme_error, "{error}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        }
+        let shown = format!("{:?}", with("postgres://a:inurl@h/d", Some("apart")));
+        assert!(
+            !shown.contains("inurl") && !shown.contains("apart"),
+            "{shown}"
+        );
+    }
 
     /// SQLite reports extended codes; the primary code is the low byte. A PostgreSQL
     /// SQLSTATE is never read as one.
