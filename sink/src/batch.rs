@@ -101,6 +101,15 @@ struct TiPodRow<'a> {
     resource_version: &'a str,
 }
 
+/// A `podstream_ti_owner` row: the owner a transfer gave, at its commands-stream sequence.
+#[derive(Serialize)]
+struct TiOwnerRow<'a> {
+    #[serde(flatten)]
+    key: KeyRow<'a>,
+    owner: &'a str,
+    sequence: i64,
+}
+
 /// A `podstream_duplicate` row.
 #[derive(Serialize)]
 struct DuplicateRow<'a> {
@@ -187,8 +196,10 @@ impl Database {
         items: &[Item],
     ) -> Result<Vec<Outcome>, sqlx::Error> {
         let now = sqlite_now();
-        let applied = self.applied_ids(tx, items).await?;
+        // The TI rows first: on PostgreSQL they are locked, so the applied ids read next
+        // include what another sink committed on these TIs meanwhile.
         let mut rows = self.ti_rows(tx, items).await?;
+        let applied = self.applied_ids(tx, items).await?;
         // Effects that write a `log` row and leave the TI as it is.
         let mut logged_only = Vec::new();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
@@ -208,7 +219,7 @@ impl Database {
                 continue;
             }
             let Some(key) = key_of(command) else { continue };
-            match guard::verdict(command, rows.get(&key), &self.policy) {
+            match guard::verdict(command, item.sequence, rows.get(&key), &self.policy) {
                 Verdict::Invalid(reason) => outcomes[index] = Some(Outcome::Dead(reason)),
                 Verdict::Skip(skip) => outcomes[index] = Some(Outcome::Skipped(skip)),
                 Verdict::Apply(Effect::Record) => {
@@ -225,8 +236,14 @@ impl Database {
                         self.run_round(tx, items, std::mem::take(&mut round), &mut outcomes, &now)
                             .await?;
                     }
-                    if let (Effect::Fail { state }, Some(row)) = (&effect, rows.get_mut(&key)) {
-                        row.state = Some(state.name().to_owned());
+                    if let Some(row) = rows.get_mut(&key) {
+                        match &effect {
+                            Effect::Fail { state } => row.state = Some(state.name().to_owned()),
+                            Effect::Transfer { .. } if item.sequence.is_some() => {
+                                row.last_transfer = item.sequence.max(row.last_transfer);
+                            }
+                            _ => {}
+                        }
                     }
                     let task = command.task.as_ref();
                     round.push(Update {
@@ -291,8 +308,15 @@ impl Database {
                     try_number: row.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
                     max_tries: row.try_get::<Option<i64>, _>(6)?.unwrap_or(-1),
                     id: row.try_get::<Option<String>, _>(7)?.map(ti_id_from_db),
+                    last_transfer: None,
                 },
             );
+        }
+        let query = set_query(self.backend, &self.sql.last_transfers, &key_rows, None)?;
+        for row in query.fetch_all(&mut *conn).await? {
+            if let Some(ti) = rows.get_mut(&key_from(&row)?) {
+                ti.last_transfer = u64::try_from(row.try_get::<i64, _>(4)?).ok();
+            }
         }
         Ok(rows)
     }
@@ -448,6 +472,36 @@ impl Database {
             })
             .collect();
         self.write(conn, &self.sql.ti_pod, &pods, now).await?;
+        // Per TI the newest transfer applied (one row per key: an upsert may not touch a
+        // row twice).
+        let mut newest: HashMap<Key, TiOwnerRow> = HashMap::new();
+        for index in indexes {
+            let (Some(item), Some(Outcome::Applied(Effect::Transfer { .. }))) =
+                (items.get(*index), outcomes.get(*index))
+            else {
+                continue;
+            };
+            let (Some(task), Some(key), Some(sequence)) = (
+                item.command.task.as_ref(),
+                key_of(&item.command),
+                item.sequence.and_then(|s| i64::try_from(s).ok()),
+            ) else {
+                continue;
+            };
+            let row = TiOwnerRow {
+                key: KeyRow::of_task(task),
+                owner: &item.command.owner,
+                sequence,
+            };
+            match newest.get(&key) {
+                Some(known) if known.sequence >= sequence => {}
+                _ => {
+                    newest.insert(key, row);
+                }
+            }
+        }
+        let owners: Vec<TiOwnerRow> = newest.into_values().collect();
+        self.write(conn, &self.sql.ti_owner, &owners, now).await?;
         let duplicates: Vec<DuplicateRow> = indexes
             .iter()
             .filter(|i| matches!(outcomes.get(**i), Some(Outcome::Applied(_))))

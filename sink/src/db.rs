@@ -274,6 +274,19 @@ impl Database {
                     updated_at {timestamp} NOT NULL,
                     PRIMARY KEY (dag_id, task_id, run_id, map_index))"
             ),
+            // The commands-stream sequence of the last transfer applied to each TI: an older
+            // transfer delivered late (a redelivery after a crash, another sink) is skipped.
+            format!(
+                "CREATE TABLE IF NOT EXISTS podstream_ti_owner (
+                    dag_id VARCHAR(250) NOT NULL,
+                    task_id VARCHAR(250) NOT NULL,
+                    run_id VARCHAR(250) NOT NULL,
+                    map_index INTEGER NOT NULL,
+                    owner VARCHAR(250) NOT NULL,
+                    stream_sequence BIGINT NOT NULL,
+                    updated_at {timestamp} NOT NULL,
+                    PRIMARY KEY (dag_id, task_id, run_id, map_index))"
+            ),
             format!(
                 "CREATE TABLE IF NOT EXISTS podstream_duplicate (
                     dag_id VARCHAR(250) NOT NULL,

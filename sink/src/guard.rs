@@ -90,6 +90,8 @@ pub struct TiRow {
     pub max_tries: i64,
     /// `id` (Airflow 3's UUID, lowercase and hyphenated); `None` on Airflow 2.
     pub id: Option<String>,
+    /// The commands-stream sequence of the last transfer podstream applied to the TI.
+    pub last_transfer: Option<u64>,
 }
 
 /// Why a command leaves the TI alone.
@@ -109,6 +111,9 @@ pub enum Skip {
     NotAdoptable(String),
     /// This command was applied before.
     AlreadyApplied,
+    /// A later transfer of the TI was applied already: this one was delivered late (a
+    /// redelivery after a crash, another sink), and must not undo the newer owner.
+    OlderTransfer,
 }
 
 impl Skip {
@@ -122,6 +127,7 @@ impl Skip {
             Skip::OtherInstance => "other_instance",
             Skip::NotAdoptable(_) => "not_adoptable",
             Skip::AlreadyApplied => "already_applied",
+            Skip::OlderTransfer => "older_transfer",
         }
     }
 }
@@ -192,8 +198,14 @@ pub enum Verdict {
     Invalid(String),
 }
 
-/// What `command` may do to the TI `row` (`None` when no TI has its key), under `policy`.
-pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdict {
+/// What `command`, at commands-stream `sequence` when it came from the bus, may do to the TI
+/// `row` (`None` when no TI has its key), under `policy`.
+pub fn verdict(
+    command: &Command,
+    sequence: Option<u64>,
+    row: Option<&TiRow>,
+    policy: &Policy,
+) -> Verdict {
     let Some(task) = &command.task else {
         return Verdict::Invalid("command without a task instance key".into());
     };
@@ -243,6 +255,13 @@ pub fn verdict(command: &Command, row: Option<&TiRow>, policy: &Policy) -> Verdi
             })
         }
         Kind::Transfer(transfer) => match transfer.to.parse::<i64>() {
+            Ok(_)
+                if sequence
+                    .zip(row.last_transfer)
+                    .is_some_and(|(this, last)| this < last) =>
+            {
+                Verdict::Skip(Skip::OlderTransfer)
+            }
             Ok(job_id) => Verdict::Apply(Effect::Transfer { job_id }),
             Err(_) => Verdict::Invalid(format!(
                 "transfer to owner {:?}: queued_by_job_id needs an integer job id",

@@ -11,10 +11,12 @@ use crate::dialect::Backend;
 pub struct SetStatements {
     pub(crate) applied_ids: String,
     pub(crate) ti_rows: String,
+    pub(crate) last_transfers: String,
     pub(crate) fail: String,
     pub(crate) transfer: String,
     pub(crate) log: String,
     pub(crate) ti_pod: String,
+    pub(crate) ti_owner: String,
     pub(crate) duplicate: String,
     pub(crate) applied: String,
 }
@@ -118,11 +120,28 @@ impl SetStatements {
                 ),
             },
             // A join with the keys as a table lets both databases use the TI key's index.
+            // PostgreSQL locks the rows, in key order (no deadlock between sinks): another
+            // sink's batch on the same TIs waits, and its next statements read what this one
+            // committed (the applied ids, the last transfers). SQLite has a single writer.
             ti_rows: format!(
                 "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
                         CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT), {ti_id}
                  FROM {} JOIN task_instance t ON t.dag_id = v.dag_id AND t.task_id = v.task_id
-                   AND t.run_id = v.run_id AND t.map_index = v.map_index",
+                   AND t.run_id = v.run_id AND t.map_index = v.map_index{}",
+                rows(&KEY),
+                match backend {
+                    Backend::Postgres => {
+                        "\n                 ORDER BY t.dag_id, t.task_id, t.run_id, t.map_index FOR UPDATE OF t"
+                    }
+                    Backend::Sqlite => "",
+                }
+            ),
+            // Read after `ti_rows`, as its own statement: a join there would read it from
+            // the snapshot taken before the lock was granted.
+            last_transfers: format!(
+                "SELECT o.dag_id, o.task_id, o.run_id, CAST(o.map_index AS BIGINT), o.stream_sequence
+                 FROM {} JOIN podstream_ti_owner o ON o.dag_id = v.dag_id AND o.task_id = v.task_id
+                   AND o.run_id = v.run_id AND o.map_index = v.map_index",
                 rows(&KEY)
             ),
             fail: guarded(
@@ -175,6 +194,16 @@ impl SetStatements {
                     ("resource_version", "text"),
                 ]))
             ),
+            // Only forward: a row is never moved back to an older transfer.
+            ti_owner: format!(
+                "INSERT INTO podstream_ti_owner (dag_id, task_id, run_id, map_index, owner, stream_sequence, updated_at)
+                 SELECT v.dag_id, v.task_id, v.run_id, v.map_index, v.owner, v.sequence, {now}
+                 FROM {} WHERE true
+                 ON CONFLICT (dag_id, task_id, run_id, map_index) DO UPDATE SET
+                   owner = excluded.owner, stream_sequence = excluded.stream_sequence, updated_at = excluded.updated_at
+                 WHERE excluded.stream_sequence > podstream_ti_owner.stream_sequence",
+                rows(&key_and(&[("owner", "text"), ("sequence", "bigint")]))
+            ),
             duplicate: format!(
                 "INSERT INTO podstream_duplicate (dag_id, task_id, run_id, map_index, try_number, chosen_uid, other_uid, other_name, recorded_at)
                  SELECT v.dag_id, v.task_id, v.run_id, v.map_index, v.try_number, v.chosen_uid, v.other_uid, v.other_name, {now}
@@ -195,14 +224,16 @@ impl SetStatements {
     }
 
     /// Every statement by name: `applied_ids`, `ti_rows`, `fail`, ...
-    pub fn named(&self) -> [(&'static str, &str); 8] {
+    pub fn named(&self) -> [(&'static str, &str); 10] {
         [
             ("applied_ids", &self.applied_ids),
             ("ti_rows", &self.ti_rows),
+            ("last_transfers", &self.last_transfers),
             ("fail", &self.fail),
             ("transfer", &self.transfer),
             ("log", &self.log),
             ("ti_pod", &self.ti_pod),
+            ("ti_owner", &self.ti_owner),
             ("duplicate", &self.duplicate),
             ("applied", &self.applied),
         ]

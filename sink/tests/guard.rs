@@ -42,6 +42,7 @@ fn ti(state: Option<&str>, try_number: i64, max_tries: i64) -> Option<TiRow> {
         try_number,
         max_tries,
         id: None,
+        last_transfer: None,
     })
 }
 
@@ -266,7 +267,7 @@ fn the_guard_table() {
     ];
     for (name, command, row, expected) in table {
         assert_eq!(
-            verdict(&command, row.as_ref(), &Policy::default()),
+            verdict(&command, None, row.as_ref(), &Policy::default()),
             expected,
             "{name}"
         );
@@ -276,7 +277,7 @@ fn the_guard_table() {
         ..command(1, fail())
     };
     assert!(matches!(
-        verdict(&keyless, None, &Policy::default()),
+        verdict(&keyless, None, None, &Policy::default()),
         Invalid(_)
     ));
 }
@@ -326,7 +327,7 @@ fn with_executors_failing_tasks_the_sink_leaves_fails_to_them() {
     ];
     for (name, command, row, expected) in table {
         assert_eq!(
-            verdict(&command, row.as_ref(), &executor),
+            verdict(&command, None, row.as_ref(), &executor),
             expected,
             "{name}"
         );
@@ -340,13 +341,80 @@ fn excluded_launch_failure_reasons_are_configurable() {
     let queued = ti(Some("queued"), 1, 0);
     let strict = Policy::with_launch_failure_excluded_reasons("Error, ErrImagePull ,");
     assert_eq!(
-        verdict(&pull, queued.as_ref(), &strict),
+        verdict(&pull, None, queued.as_ref(), &strict),
         Verdict::Apply(FAILED)
     );
     let none = Policy::with_launch_failure_excluded_reasons("");
     let error = command(1, fail_of("pod_failed", Some("Error")));
     assert_eq!(
-        verdict(&error, queued.as_ref(), &none),
+        verdict(&error, None, queued.as_ref(), &none),
         Verdict::Apply(Effect::LaunchFailed)
     );
+}
+
+/// Transfers apply in stream order whatever order they arrive in: one older than the last
+/// transfer applied to the TI is skipped (a late redelivery, another sink); commands without
+/// a sequence (`podstream apply`) and every other kind are not ordered by it.
+#[test]
+fn a_transfer_older_than_the_last_one_applied_is_skipped() {
+    use Verdict::{Apply, Skip as S};
+    let transfer = || {
+        command(
+            1,
+            Kind::Transfer(Transfer {
+                from: "2".into(),
+                to: "3".into(),
+            }),
+        )
+    };
+    let after = |last: Option<u64>| {
+        Some(TiRow {
+            last_transfer: last,
+            ..ti(Some("running"), 1, 1)?
+        })
+    };
+    let table = [
+        (
+            "first transfer",
+            transfer(),
+            Some(10),
+            after(None),
+            Apply(Effect::Transfer { job_id: 3 }),
+        ),
+        (
+            "after an older one",
+            transfer(),
+            Some(10),
+            after(Some(9)),
+            Apply(Effect::Transfer { job_id: 3 }),
+        ),
+        (
+            "after a newer one",
+            transfer(),
+            Some(10),
+            after(Some(11)),
+            S(Skip::OlderTransfer),
+        ),
+        (
+            "without a sequence",
+            transfer(),
+            None,
+            after(Some(11)),
+            Apply(Effect::Transfer { job_id: 3 }),
+        ),
+        (
+            "a fail after a newer transfer",
+            command(1, fail()),
+            Some(10),
+            after(Some(11)),
+            Apply(UP_FOR_RETRY),
+        ),
+    ];
+    for (name, command, sequence, row, expected) in table {
+        assert_eq!(
+            verdict(&command, sequence, row.as_ref(), &Policy::default()),
+            expected,
+            "{name}"
+        );
+    }
 }

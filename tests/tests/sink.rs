@@ -864,6 +864,94 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
     }));
 }
 
+/// Three sinks share the consumer and pull one command at a time, so a TI's two transfers
+/// (1→2, then 2→3) are applied by different sinks at once: every TI still ends with owner 3,
+/// each transfer applied or skipped once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_sinks_apply_each_tis_transfers_in_stream_order() {
+    const TIS: usize = 1_000;
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let (_target, db) = prepared(Airflow::line("3.1"), true, "orders").await;
+    let (dag, run) = ("orders", RUN);
+    let names: Vec<String> = (0..TIS).map(|i| format!("moving_{i}")).collect();
+    let tis: Vec<SeedTi<'_>> = names.iter().map(|t| SeedTi::running(t, 1)).collect();
+    db.seed(dag, run, &tis).await.unwrap();
+    let transfer = |task: &str, from: &str, to: &str| {
+        let task = TaskKey {
+            dag_id: dag.into(),
+            ..key(task, -1, 1)
+        };
+        Command {
+            id: format!("{}:{from}-{to}", task.task_id),
+            owner: to.into(),
+            ..command(
+                "",
+                task,
+                Kind::Transfer(Transfer {
+                    from: from.into(),
+                    to: to.into(),
+                }),
+            )
+        }
+    };
+    let commands: Vec<Command> = names
+        .iter()
+        .flat_map(|t| [transfer(t, "1", "2"), transfer(t, "2", "3")])
+        .collect();
+    publish(&js, &commands).await;
+    let sinks: Vec<_> = (0..3)
+        .map(|_| {
+            start_sink_with(
+                SinkConfig {
+                    bus: BusConfig::at(&nats.url()),
+                    batch_size: 1,
+                    ..SinkConfig::default()
+                },
+                db.clone(),
+            )
+        })
+        .collect();
+    let all = commands.len() as i64;
+    let seen =
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id LIKE 'moving%'";
+    wait_for(&db, seen, all).await;
+    let mut summaries = Vec::new();
+    for (task, stop) in sinks {
+        let _ = stop.send(());
+        summaries.push(task.await.unwrap());
+    }
+    let owners: Vec<(String, Option<i64>)> = sqlx::query(&format!(
+        "SELECT task_id, CAST(queued_by_job_id AS BIGINT) FROM task_instance WHERE dag_id = '{dag}'"
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| (row.get(0), row.get(1)))
+    .collect();
+    assert_eq!(owners.len(), TIS);
+    let wrong: Vec<_> = owners
+        .iter()
+        .filter(|(_, owner)| *owner != Some(3))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} TIs not with owner 3, e.g. {:?}; {summaries:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    assert!(
+        summaries.iter().all(|s| s.applied > 0),
+        "all three sinks took part: {summaries:?}"
+    );
+    assert_eq!(
+        count(&db, "SELECT CAST(COUNT(DISTINCT command_id) AS BIGINT) FROM podstream_applied WHERE command_id LIKE 'moving%'").await,
+        all
+    );
+}
+
 /// A database slower than the ack wait (a lock held for four of them): the sink keeps the
 /// commands it holds with progress acks, so none is redelivered, and each applies once when
 /// the lock goes.
