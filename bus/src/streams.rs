@@ -5,28 +5,29 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use podstream_proto::subject::{Stream, Subjects};
 
-/// Settings every podstream stream shares; the defaults suit one NATS server.
-#[derive(Debug, Clone, PartialEq)]
+/// Settings every podstream stream shares. A setting left `None` is not this component's to
+/// change: a stream that exists keeps its own, one this component creates gets the default.
+/// A setting given (a flag) is applied to an existing stream too, with a log line, so
+/// components started with different flags never undo each other's choices silently.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StreamSettings {
-    /// Replicas (1 for a single server, 3 for a cluster).
-    pub replicas: usize,
-    /// Window in which a re-published `Nats-Msg-Id` is dropped as a duplicate.
-    pub duplicate_window: Duration,
-    /// How long messages are kept (the replay horizon).
-    pub max_age: Duration,
-    /// File storage (durable) or memory.
-    pub storage: stream::StorageType,
+    /// Replicas (1 for a single server, 3 for a cluster); default 1.
+    pub replicas: Option<usize>,
+    /// Window in which a re-published `Nats-Msg-Id` is dropped as a duplicate; default
+    /// [`DEFAULT_DUPLICATE_WINDOW_SECONDS`](crate::config::DEFAULT_DUPLICATE_WINDOW_SECONDS).
+    pub duplicate_window: Option<Duration>,
+    /// How long messages are kept (the replay horizon; zero: forever); default
+    /// [`DEFAULT_MAX_AGE_HOURS`](crate::config::DEFAULT_MAX_AGE_HOURS).
+    pub max_age: Option<Duration>,
 }
 
-impl Default for StreamSettings {
-    fn default() -> Self {
-        StreamSettings {
-            replicas: 1,
-            duplicate_window: crate::config::default_duplicate_window(),
-            max_age: crate::config::default_max_age(),
-            storage: stream::StorageType::File,
-        }
-    }
+/// A stream as podstream wants it: the configuration it is created with, and which of its
+/// settings an existing stream is brought to.
+#[derive(Debug, Clone)]
+pub struct Wanted {
+    /// The configuration of a new stream.
+    pub config: stream::Config,
+    given: StreamSettings,
 }
 
 /// Why a stream could not be made ready.
@@ -53,48 +54,45 @@ pub enum StreamError {
     },
 }
 
-/// The configuration of `stream` under `subjects`' prefix, with `settings`.
-pub fn stream_config(
-    subjects: &Subjects,
-    stream: Stream,
-    settings: &StreamSettings,
-) -> stream::Config {
+/// The stream `stream` under `subjects`' prefix, with `settings`.
+pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSettings) -> Wanted {
     let description = match stream {
         Stream::PodEvents => "Airflow worker-pod events (podstream ingest)",
         Stream::Commands => "Task-state commands (podstream processor)",
         Stream::DeadLetters => "Items a podstream stage could not use, with the reason",
     };
-    config(
-        subjects.stream_name(stream),
-        subjects.stream_subjects(stream),
-        description,
-        settings,
-    )
-}
-
-fn config(
-    name: String,
-    subject: String,
-    description: &str,
-    settings: &StreamSettings,
-) -> stream::Config {
-    stream::Config {
-        name,
-        subjects: vec![subject],
-        description: Some(description.to_owned()),
-        storage: settings.storage,
-        num_replicas: settings.replicas,
-        duplicate_window: settings.duplicate_window,
-        max_age: settings.max_age,
-        retention: stream::RetentionPolicy::Limits,
-        discard: stream::DiscardPolicy::Old,
-        ..Default::default()
+    Wanted {
+        config: stream::Config {
+            name: subjects.stream_name(stream),
+            subjects: vec![subjects.stream_subjects(stream)],
+            description: Some(description.to_owned()),
+            storage: stream::StorageType::File,
+            num_replicas: settings.replicas.unwrap_or(1),
+            duplicate_window: settings
+                .duplicate_window
+                .unwrap_or_else(crate::config::default_duplicate_window),
+            max_age: settings
+                .max_age
+                .unwrap_or_else(crate::config::default_max_age),
+            retention: stream::RetentionPolicy::Limits,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        },
+        given: settings.clone(),
     }
 }
 
-/// Creates the stream, or brings an existing one to these settings. Subjects, storage and
-/// retention are never changed on an existing stream: a difference there is a `Conflict`.
-pub async fn ensure(js: &jetstream::Context, wanted: stream::Config) -> Result<(), StreamError> {
+/// Creates the stream, or brings an existing one to the settings given; returns its
+/// configuration as the server now has it. Subjects, storage and retention are never changed
+/// on an existing stream: a difference there is a `Conflict`.
+pub async fn ensure(
+    js: &jetstream::Context,
+    wanted: Wanted,
+) -> Result<stream::Config, StreamError> {
+    let Wanted {
+        config: wanted,
+        given,
+    } = wanted;
     let name = wanted.name.clone();
     let api = |source: Box<dyn std::error::Error + Send + Sync>| StreamError::Api {
         stream: name.clone(),
@@ -129,20 +127,38 @@ pub async fn ensure(js: &jetstream::Context, wanted: stream::Config) -> Result<(
                     what: conflicts.join(", "),
                 });
             }
-            let differs = current.max_age != wanted.max_age
-                || current.duplicate_window != wanted.duplicate_window
-                || current.num_replicas != wanted.num_replicas;
-            if differs {
-                let mut updated = current.clone();
-                updated.max_age = wanted.max_age;
-                updated.duplicate_window = wanted.duplicate_window;
-                updated.num_replicas = wanted.num_replicas;
-                js.update_stream(updated)
-                    .await
-                    .map_err(|e| api(Box::new(e)))?;
-                tracing::info!(stream = %name, "stream settings updated");
+            let mut updated = current.clone();
+            let mut changes = Vec::new();
+            if let Some(max_age) = given.max_age
+                && max_age != current.max_age
+            {
+                changes.push(format!("max_age {:?} -> {max_age:?}", current.max_age));
+                updated.max_age = max_age;
             }
-            Ok(())
+            if let Some(window) = given.duplicate_window
+                && window != current.duplicate_window
+            {
+                changes.push(format!(
+                    "duplicate_window {:?} -> {window:?}",
+                    current.duplicate_window
+                ));
+                updated.duplicate_window = window;
+            }
+            if let Some(replicas) = given.replicas
+                && replicas != current.num_replicas
+            {
+                changes.push(format!("replicas {} -> {replicas}", current.num_replicas));
+                updated.num_replicas = replicas;
+            }
+            if changes.is_empty() {
+                return Ok(current.clone());
+            }
+            let info = js
+                .update_stream(updated)
+                .await
+                .map_err(|e| api(Box::new(e)))?;
+            tracing::warn!(stream = %name, changes = %changes.join(", "), "stream settings changed as given");
+            Ok(info.config.clone())
         }
         Err(error)
             if matches!(
@@ -151,10 +167,10 @@ pub async fn ensure(js: &jetstream::Context, wanted: stream::Config) -> Result<(
                     if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
             ) =>
         {
-            match js.create_stream(wanted).await {
+            match js.create_stream(wanted.clone()).await {
                 Ok(_) => {
                     tracing::info!(stream = %name, "stream created");
-                    Ok(())
+                    Ok(wanted)
                 }
                 Err(error) if error.to_string().contains("overlap") => Err(StreamError::Conflict {
                     stream: name.clone(),

@@ -2,7 +2,6 @@
 //! installs. Without `--nats` it starts a local `nats-server` on `--data-dir`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -49,7 +48,7 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    fn config(&self, nats_url: &str, applied_retention: Option<Duration>) -> PipelineConfig {
+    fn config(&self, nats_url: &str) -> PipelineConfig {
         PipelineConfig {
             bus: self.streams.bus(nats_url),
             ingest: IngestConfig {
@@ -63,7 +62,7 @@ impl RunArgs {
                 ..ProcessConfig::default()
             },
             sink: SinkConfig {
-                applied_retention,
+                applied_retention_hours: self.retention.applied_retention_hours,
                 ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
             },
@@ -74,8 +73,6 @@ impl RunArgs {
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let db_target = args.db.target_or_airflow_default()?;
-    // A refused flag stops before a local server starts.
-    let applied_retention = args.retention.retention(args.streams.settings().max_age)?;
     let (mut local, nats_url) = match &args.nats {
         Some(url) => (None, url.clone()),
         None => {
@@ -91,7 +88,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Some(server), url)
         }
     };
-    let config = args.config(&nats_url, applied_retention);
+    let config = args.config(&nats_url);
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;

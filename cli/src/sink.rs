@@ -50,7 +50,6 @@ pub struct SinkArgs {
 pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let bus = args.streams.bus(&args.nats.nats);
-    let applied_retention = args.retention.retention(bus.streams.max_age)?;
     runtime.block_on(async {
         let db = Database::connect_to(&args.db.target()?)
             .await?
@@ -62,7 +61,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             connections: args.connections,
             ack_wait: args.ack_wait.ack_wait(),
-            applied_retention,
+            applied_retention_hours: args.retention.applied_retention_hours,
         };
         let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;
         eprintln!("sink stopped: {summary}");

@@ -5,10 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podstream_bus::config::{
-    DEFAULT_ACK_WAIT_SECONDS, DEFAULT_DUPLICATE_WINDOW_SECONDS, DEFAULT_MAX_AGE_HOURS,
-    DEFAULT_NATS_URL,
-};
+use podstream_bus::config::{DEFAULT_ACK_WAIT_SECONDS, DEFAULT_NATS_URL};
 use podstream_bus::{BusConfig, StreamSettings};
 use podstream_proto::subject::{DEFAULT_PREFIX, Subjects};
 
@@ -35,24 +32,23 @@ impl PrefixArgs {
     }
 }
 
-/// Subject prefix and stream settings.
+/// Subject prefix and stream settings. A setting not given leaves an existing stream as it
+/// is (a new stream gets the default); one given is applied to it, and logged.
 #[derive(Debug, Clone, Args)]
 pub struct StreamArgs {
     #[command(flatten)]
     pub prefix: PrefixArgs,
-    /// Stream and bucket replicas (3 on a JetStream cluster).
-    #[arg(long, env = "PODSTREAM_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
-    /// Seconds in which a re-published message is dropped as a duplicate.
-    #[arg(
-        long,
-        env = "PODSTREAM_DUPLICATE_WINDOW_SECONDS",
-        default_value_t = DEFAULT_DUPLICATE_WINDOW_SECONDS
-    )]
-    pub duplicate_window_seconds: u64,
-    /// Hours messages are kept for replay.
-    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS", default_value_t = DEFAULT_MAX_AGE_HOURS)]
-    pub max_age_hours: u64,
+    /// Stream and bucket replicas (3 on a JetStream cluster) [default for a new stream: 1].
+    #[arg(long, env = "PODSTREAM_STREAM_REPLICAS")]
+    pub stream_replicas: Option<usize>,
+    /// Seconds in which a re-published message is dropped as a duplicate [default for a new
+    /// stream: 120].
+    #[arg(long, env = "PODSTREAM_DUPLICATE_WINDOW_SECONDS")]
+    pub duplicate_window_seconds: Option<u64>,
+    /// Hours messages are kept for replay; 0 keeps them forever [default for a new stream:
+    /// 168].
+    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS")]
+    pub max_age_hours: Option<u64>,
 }
 
 impl StreamArgs {
@@ -60,9 +56,10 @@ impl StreamArgs {
     pub fn settings(&self) -> StreamSettings {
         StreamSettings {
             replicas: self.stream_replicas,
-            duplicate_window: Duration::from_secs(self.duplicate_window_seconds),
-            max_age: Duration::from_secs(self.max_age_hours * 3600),
-            ..StreamSettings::default()
+            duplicate_window: self.duplicate_window_seconds.map(Duration::from_secs),
+            max_age: self
+                .max_age_hours
+                .map(|hours| Duration::from_secs(hours.saturating_mul(3600))),
         }
     }
 

@@ -128,6 +128,20 @@ pub async fn kube_client(context: Option<&str>) -> anyhow::Result<kube::Client> 
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
+/// Crash recovery republishes what was published since the last checkpoint write; only the
+/// duplicate window makes that harmless, so the checkpoint is written well within it.
+fn fits_the_duplicate_window(
+    checkpoint_interval: Duration,
+    window: Duration,
+) -> anyhow::Result<()> {
+    if checkpoint_interval * 2 > window {
+        anyhow::bail!(
+            "the checkpoint interval ({checkpoint_interval:?}) must be under half the duplicate window ({window:?})"
+        );
+    }
+    Ok(())
+}
+
 /// Runs until `shutdown` resolves, then drains in-flight acks and the checkpoint.
 pub async fn run(
     config: IngestConfig,
@@ -135,27 +149,33 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<IngestStats> {
     let subjects = config.bus.subjects().context("invalid --prefix")?;
-    // Crash recovery republishes what was published since the last checkpoint write; only
-    // the duplicate window makes that harmless.
-    if config.checkpoint_interval * 2 > config.bus.streams.duplicate_window {
-        anyhow::bail!(
-            "the checkpoint interval ({:?}) must be under half the duplicate window ({:?})",
-            config.checkpoint_interval,
-            config.bus.streams.duplicate_window
-        );
-    }
+    // Before connecting, against the window given (or the default); after, against the
+    // stream's own.
+    fits_the_duplicate_window(
+        config.checkpoint_interval,
+        config
+            .bus
+            .streams
+            .duplicate_window
+            .unwrap_or_else(podstream_bus::config::default_duplicate_window),
+    )?;
     let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-ingest").await;
     let js = jetstream::new(nats);
-    for stream in [
+    let pods = streams::ensure(
+        &js,
         streams::stream_config(&subjects, Stream::PodEvents, &config.bus.streams),
+    )
+    .await?;
+    streams::ensure(
+        &js,
         streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
-    ] {
-        streams::ensure(&js, stream).await?;
-    }
+    )
+    .await?;
+    fits_the_duplicate_window(config.checkpoint_interval, pods.duplicate_window)?;
     let mut checkpoint = Checkpoint::open(
         &js,
         &config.checkpoint_bucket,
-        config.bus.streams.replicas,
+        pods.num_replicas,
         config.checkpoint_interval,
     )
     .await?;

@@ -162,9 +162,11 @@ pub async fn run(
     let subjects = config.bus.subjects().context("invalid --prefix")?;
     let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-process").await;
     let js = jetstream::new(nats);
-    let pods = streams::stream_config(&subjects, Stream::PodEvents, &config.bus.streams);
-    let pods_name = pods.name.clone();
-    streams::ensure(&js, pods).await?;
+    let pods = streams::ensure(
+        &js,
+        streams::stream_config(&subjects, Stream::PodEvents, &config.bus.streams),
+    )
+    .await?;
     streams::ensure(
         &js,
         streams::stream_config(&subjects, Stream::Commands, &config.bus.streams),
@@ -175,11 +177,11 @@ pub async fn run(
         streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     )
     .await?;
+    let records = open_bucket(&js, &config, &pods).await?;
     let pods = js
-        .get_stream(&pods_name)
+        .get_stream(&pods.name)
         .await
         .context("opening the pod-events stream")?;
-    let records = open_bucket(&js, &config).await?;
 
     let mut consumers = Vec::new();
     let scopes: Vec<Option<&str>> = if config.schedulers.is_empty() {
@@ -277,15 +279,20 @@ pub async fn run(
     Ok(stats)
 }
 
-async fn open_bucket(js: &jetstream::Context, config: &ProcessConfig) -> anyhow::Result<kv::Store> {
+/// The bucket of task records, kept as long and as replicated as the pod-events stream `pods`.
+async fn open_bucket(
+    js: &jetstream::Context,
+    config: &ProcessConfig,
+    pods: &stream::Config,
+) -> anyhow::Result<kv::Store> {
     let wanted = kv::Config {
         bucket: config.bucket.clone(),
         description: "podstream processor: per task instance, its pods' states".into(),
         history: 1,
         // Records of TIs without events for this long go; no event older can be redelivered.
-        max_age: config.bus.streams.max_age,
+        max_age: pods.max_age,
         storage: stream::StorageType::File,
-        num_replicas: config.bus.streams.replicas,
+        num_replicas: pods.num_replicas,
         ..Default::default()
     };
     streams::bucket(js, wanted)

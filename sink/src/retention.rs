@@ -25,36 +25,39 @@ const MARGIN: Duration = Duration::from_secs(24 * 3600);
 /// A retention that would let a command the stream still holds apply twice.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error(
-    "an applied-id retention of {retention_hours} h is shorter than the commands stream's max age of {max_age_hours} h: \
-     a command still in the stream could apply twice (use at least {max_age_hours}, or 0 to keep ids forever)"
+    "an applied-id retention of {retention_hours} h is shorter than the commands stream keeps commands ({max_age}): \
+     a command still in the stream could apply twice (use at least the stream's max age, or 0 to keep ids forever)"
 )]
 pub struct RetentionTooShort {
     /// The retention asked for, in hours.
     pub retention_hours: u64,
-    /// The stream's max age, in hours.
-    pub max_age_hours: u64,
+    /// The stream's max age: `168 h`, or `forever`.
+    pub max_age: String,
 }
 
-/// The retention when none is asked for: the stream's max age plus a day.
-pub fn default_applied_retention(stream_max_age: Duration) -> Duration {
-    stream_max_age + MARGIN
-}
-
-/// The retention for `--applied-retention-hours`: absent → [`default_applied_retention`];
-/// `0` → keep ids forever (`None`); shorter than the max age → refused.
+/// The retention for `--applied-retention-hours` and a commands stream whose max age is
+/// `stream_max_age` (zero: it keeps commands forever): absent → the max age plus a day, or
+/// forever (`None`) for a stream that keeps commands forever; `0` → forever; shorter than the
+/// max age → refused.
 pub fn applied_retention(
     hours: Option<u64>,
     stream_max_age: Duration,
 ) -> Result<Option<Duration>, RetentionTooShort> {
+    let forever = stream_max_age.is_zero();
     match hours {
-        None => Ok(Some(default_applied_retention(stream_max_age))),
+        None if forever => Ok(None),
+        None => Ok(Some(stream_max_age + MARGIN)),
         Some(0) => Ok(None),
         Some(hours) => {
             let retention = Duration::from_secs(hours.saturating_mul(3600));
-            if retention < stream_max_age {
+            if forever || retention < stream_max_age {
                 return Err(RetentionTooShort {
                     retention_hours: hours,
-                    max_age_hours: stream_max_age.as_secs().div_ceil(3600),
+                    max_age: if forever {
+                        "forever".to_owned()
+                    } else {
+                        format!("{} h", stream_max_age.as_secs().div_ceil(3600))
+                    },
                 });
             }
             Ok(Some(retention))
@@ -126,25 +129,38 @@ mod tests {
 
     const WEEK: Duration = Duration::from_secs(168 * 3600);
 
+    /// The retention table, for a stream kept a week and one kept forever (max age 0).
     #[test]
     fn retention_table() {
         let hours = |h: u64| Some(Duration::from_secs(h * 3600));
-        type Case = (Option<u64>, Result<Option<Duration>, RetentionTooShort>);
-        let cases: [Case; 5] = [
-            (None, Ok(hours(192))),
-            (Some(0), Ok(None)),
-            (Some(168), Ok(hours(168))),
-            (Some(1000), Ok(hours(1000))),
-            (
-                Some(24),
-                Err(RetentionTooShort {
-                    retention_hours: 24,
-                    max_age_hours: 168,
-                }),
-            ),
+        let too_short = |retention_hours: u64, max_age: &str| {
+            Err(RetentionTooShort {
+                retention_hours,
+                max_age: max_age.to_owned(),
+            })
+        };
+        type Case = (
+            Option<u64>,
+            Duration,
+            Result<Option<Duration>, RetentionTooShort>,
+        );
+        let cases: [Case; 9] = [
+            (None, WEEK, Ok(hours(192))),
+            (Some(0), WEEK, Ok(None)),
+            (Some(168), WEEK, Ok(hours(168))),
+            (Some(1000), WEEK, Ok(hours(1000))),
+            (Some(24), WEEK, too_short(24, "168 h")),
+            (None, Duration::ZERO, Ok(None)),
+            (Some(0), Duration::ZERO, Ok(None)),
+            (Some(24), Duration::ZERO, too_short(24, "forever")),
+            (Some(100_000), Duration::ZERO, too_short(100_000, "forever")),
         ];
-        for (asked, want) in cases {
-            assert_eq!(applied_retention(asked, WEEK), want, "asked {asked:?}");
+        for (asked, max_age, want) in cases {
+            assert_eq!(
+                applied_retention(asked, max_age),
+                want,
+                "asked {asked:?} for {max_age:?}"
+            );
         }
     }
 }

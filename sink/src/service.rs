@@ -52,10 +52,10 @@ pub struct SinkConfig {
     /// How long the consumer waits for a command's ack before redelivering it: how soon a
     /// crashed sink's commands are applied by another (held ones get progress acks).
     pub ack_wait: Duration,
-    /// How long `podstream_applied` keeps command ids (`None`: forever); see [`retention`].
-    ///
-    /// [`retention`]: crate::retention
-    pub applied_retention: Option<Duration>,
+    /// Hours `podstream_applied` keeps command ids, as `--applied-retention-hours`: `None`
+    /// the commands stream's max age plus a day, `0` forever; checked against the stream's
+    /// actual max age at start ([`crate::retention::applied_retention`]).
+    pub applied_retention_hours: Option<u64>,
 }
 
 impl Default for SinkConfig {
@@ -67,9 +67,7 @@ impl Default for SinkConfig {
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
             ack_wait: podstream_bus::config::default_ack_wait(),
-            applied_retention: Some(crate::retention::default_applied_retention(
-                podstream_bus::config::default_max_age(),
-            )),
+            applied_retention_hours: None,
         }
     }
 }
@@ -136,16 +134,21 @@ pub async fn run(
     let subjects = config.bus.subjects().context("invalid --prefix")?;
     let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-sink").await;
     let js = jetstream::new(nats);
-    let commands = streams::stream_config(&subjects, Stream::Commands, &config.bus.streams);
-    let stream_name = commands.name.clone();
-    streams::ensure(&js, commands).await?;
+    let commands = streams::ensure(
+        &js,
+        streams::stream_config(&subjects, Stream::Commands, &config.bus.streams),
+    )
+    .await?;
+    // Ids are kept at least as long as the stream as it is keeps commands, whoever set it.
+    let applied_retention =
+        crate::retention::applied_retention(config.applied_retention_hours, commands.max_age)?;
     streams::ensure(
         &js,
         streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     )
     .await?;
     let stream = js
-        .get_stream(&stream_name)
+        .get_stream(&commands.name)
         .await
         .context("opening the commands stream")?;
     let task_failures = db.policy.task_failures;
@@ -168,8 +171,7 @@ pub async fn run(
         })
         .await
         .context("creating the sink consumer")?;
-    let pruner = config
-        .applied_retention
+    let pruner = applied_retention
         .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
     tokio::pin!(shutdown);

@@ -257,12 +257,12 @@ pub async fn raw_publish_limit(
         RawShape::LikeIngest => "rawingest",
     };
     let subjects = Subjects::new(prefix).unwrap_or_else(|e| panic!("{e}"));
-    let mut config =
+    let mut wanted =
         streams::stream_config(&subjects, Stream::PodEvents, &StreamSettings::default());
-    config.subjects = vec![format!("{prefix}.>")];
+    wanted.config.subjects = vec![format!("{prefix}.>")];
     // A stream left by an earlier run would take these ids as duplicates and store nothing.
-    let _ = js.delete_stream(&config.name).await;
-    streams::ensure(js, config)
+    let _ = js.delete_stream(&wanted.config.name).await;
+    streams::ensure(js, wanted)
         .await
         .unwrap_or_else(|e| panic!("raw publish: {e}"));
     let payload = bytes::Bytes::from(vec![7u8; size]);

@@ -1,0 +1,132 @@
+//! Stream settings have one owner per setting: what a component is not given it leaves as
+//! the stream has it, what it is given it applies; the sink keeps applied ids as long as
+//! the commands stream, as the server has it, keeps commands. A real nats-server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use podstream_bus::BusConfig;
+use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::subject::{Stream, Subjects};
+use podstream_sink::Database;
+use podstream_sink::service::{self, SinkConfig};
+use podstream_tests::airflow::{Airflow, AirflowDb};
+use podstream_tests::nats::NatsServer;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+async fn commands_stream(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+) -> jetstream::stream::Config {
+    streams::ensure(
+        js,
+        streams::stream_config(&Subjects::default(), Stream::Commands, settings),
+    )
+    .await
+    .unwrap()
+}
+
+async fn on_server(js: &jetstream::Context) -> jetstream::stream::Config {
+    js.get_stream("PODSTREAM_COMMANDS")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone()
+}
+
+#[tokio::test]
+async fn a_setting_not_given_is_left_as_the_stream_has_it_and_one_given_is_applied() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let created = commands_stream(&js, &StreamSettings::default()).await;
+    assert_eq!(created.max_age, podstream_bus::config::default_max_age());
+
+    let operator = StreamSettings {
+        max_age: Some(2 * HOUR),
+        duplicate_window: Some(Duration::from_secs(60)),
+        ..StreamSettings::default()
+    };
+    let changed = commands_stream(&js, &operator).await;
+    assert_eq!(
+        (changed.max_age, changed.duplicate_window),
+        (2 * HOUR, Duration::from_secs(60))
+    );
+
+    // Another component started with the defaults leaves the operator's choice alone.
+    let kept = commands_stream(&js, &StreamSettings::default()).await;
+    assert_eq!(
+        (kept.max_age, kept.duplicate_window),
+        (2 * HOUR, Duration::from_secs(60))
+    );
+    let server = on_server(&js).await;
+    assert_eq!(
+        (server.max_age, server.duplicate_window),
+        (2 * HOUR, Duration::from_secs(60))
+    );
+
+    // Zero is JetStream's "forever", and is applied like any other value.
+    let forever = StreamSettings {
+        max_age: Some(Duration::ZERO),
+        ..StreamSettings::default()
+    };
+    assert_eq!(commands_stream(&js, &forever).await.max_age, Duration::ZERO);
+    assert_eq!(on_server(&js).await.max_age, Duration::ZERO);
+}
+
+async fn sink_with(nats: &NatsServer, retention_hours: Option<u64>) -> anyhow::Result<()> {
+    let target = AirflowDb::sqlite(Airflow::oldest());
+    let db = Database::connect(&target.url).await.unwrap();
+    let config = SinkConfig {
+        bus: BusConfig::at(&nats.url()),
+        applied_retention_hours: retention_hours,
+        ..SinkConfig::default()
+    };
+    // A sink that starts runs until stopped: stop it once it is pulling.
+    service::run(config, db, tokio::time::sleep(Duration::from_secs(1)))
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn the_sink_keeps_applied_ids_as_long_as_the_stream_as_it_is_keeps_commands() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    // Somebody made the commands stream keep commands forever; the sink is not told.
+    let forever = StreamSettings {
+        max_age: Some(Duration::ZERO),
+        ..StreamSettings::default()
+    };
+    commands_stream(&js, &forever).await;
+
+    let refused = sink_with(&nats, Some(24)).await.unwrap_err();
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("forever") && message.contains("24 h"),
+        "{message}"
+    );
+    sink_with(&nats, None)
+        .await
+        .expect("the default keeps ids forever too");
+    sink_with(&nats, Some(0)).await.expect("0 is forever");
+    assert_eq!(
+        on_server(&js).await.max_age,
+        Duration::ZERO,
+        "the sink left the stream as it was"
+    );
+
+    // A stream kept two hours: a day of ids is enough.
+    let two_hours = StreamSettings {
+        max_age: Some(2 * HOUR),
+        ..StreamSettings::default()
+    };
+    commands_stream(&js, &two_hours).await;
+    sink_with(&nats, Some(24))
+        .await
+        .expect("24 h outlives a 2 h stream");
+}
