@@ -4,7 +4,12 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 
-pub use podstream_proto::subject::{REASON_HEADER, SOURCE_HEADER};
+pub use podstream_proto::subject::{ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER};
+
+/// Room kept under the server's `max_payload` for the headers and the protocol.
+const HEADROOM: usize = 16 * 1024;
+/// Longest header value kept (a reason quoting a huge value is cut too).
+const MAX_HEADER_VALUE: usize = 4 * 1024;
 
 /// A dead letter ready to publish: the original bytes plus reason headers.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,25 +27,48 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// The message to publish.
-    pub fn to_publish(&self) -> PublishMessage {
+    /// The message to publish on a server that takes messages of up to `max_payload` bytes
+    /// (`ServerInfo::max_payload`). A payload that does not fit is cut to fit, with its
+    /// original size in [`ORIGINAL_SIZE_HEADER`]: a dead letter that can never be stored
+    /// would stall its stage.
+    pub fn to_publish(&self, max_payload: usize) -> PublishMessage {
         let mut headers = HeaderMap::new();
-        // Header values must be one line.
-        headers.insert(REASON_HEADER, one_line(&self.reason).as_str());
-        headers.insert(SOURCE_HEADER, one_line(&self.source).as_str());
+        headers.insert(REASON_HEADER, header_value(&self.reason).as_str());
+        headers.insert(SOURCE_HEADER, header_value(&self.source).as_str());
+        let room = max_payload.saturating_sub(HEADROOM).max(1024);
+        let payload = if self.payload.len() > room {
+            headers.insert(
+                ORIGINAL_SIZE_HEADER,
+                self.payload.len().to_string().as_str(),
+            );
+            self.payload.slice(..room)
+        } else {
+            self.payload.clone()
+        };
         PublishMessage::build()
             .headers(headers)
-            .payload(self.payload.clone())
+            .payload(payload)
             .message_id(&self.msg_id)
     }
 }
 
-fn one_line(text: &str) -> String {
-    text.replace(['\r', '\n'], " ")
+/// A header value: one line, at most [`MAX_HEADER_VALUE`] bytes (cut on a char boundary).
+fn header_value(text: &str) -> String {
+    let mut line = text.replace(['\r', '\n'], " ");
+    if line.len() > MAX_HEADER_VALUE {
+        let mut end = MAX_HEADER_VALUE;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    line
 }
 
 /// Stores `dead` on its subject, retrying with backoff until JetStream acks it: a dead
-/// letter is the only copy of what could not be handled, so it is never given up.
+/// letter is the only copy of what could not be handled, so it is never given up. It always
+/// fits ([`DeadLetter::to_publish`]), so what is retried is NATS being away, during which
+/// the stage can ack nothing either; a stop is bounded by `--shutdown-timeout-seconds`.
 pub async fn store(js: &async_nats::jetstream::Context, dead: &DeadLetter) {
     let mut backoff = crate::Backoff::new(
         std::time::Duration::from_millis(100),
@@ -49,7 +77,10 @@ pub async fn store(js: &async_nats::jetstream::Context, dead: &DeadLetter) {
     loop {
         let sent = async {
             let ack = js
-                .send_publish(dead.subject.clone(), dead.to_publish())
+                .send_publish(
+                    dead.subject.clone(),
+                    dead.to_publish(js.client().server_info().max_payload),
+                )
                 .await?;
             ack.await
                 .map(|_| ())

@@ -38,6 +38,8 @@ pub struct IngestArgs {
         default_value_t = service::DEFAULT_CHECKPOINT_INTERVAL_MS
     )]
     pub checkpoint_interval_ms: u64,
+    #[command(flatten)]
+    pub shutdown: crate::signal::ShutdownArgs,
 }
 
 impl IngestArgs {
@@ -62,8 +64,14 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
         // A task on the runtime's workers, not the main thread's `block_on`: the watch and the
         // NATS connection wake it many times a second, and a worker serves that more cheaply.
-        let ingest = tokio::spawn(service::run(config, kube, crate::signal::shutdown_signal()));
-        let stats = ingest.await.context("the ingest task failed")??;
+        let stats = args
+            .shutdown
+            .run(|shutdown| async move {
+                tokio::spawn(service::run(config, kube, shutdown))
+                    .await
+                    .context("the ingest task failed")?
+            })
+            .await?;
         eprintln!("ingest stopped: {stats}");
         Ok(())
     })

@@ -46,6 +46,8 @@ pub struct ProcessArgs {
     pub failover_seconds: u64,
     #[command(flatten)]
     pub ack_wait: AckWaitArgs,
+    #[command(flatten)]
+    pub shutdown: crate::signal::ShutdownArgs,
     /// Task records kept in memory with their KV revisions, so a task instance's next event
     /// needs no read (compare-and-set still guards every write); 0 reads each from KV.
     #[arg(
@@ -85,7 +87,10 @@ impl ProcessArgs {
 pub fn run(args: &ProcessArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
-        let stats = service::run(args.config(), crate::signal::shutdown_signal()).await?;
+        let stats = args
+            .shutdown
+            .run(|shutdown| service::run(args.config(), shutdown))
+            .await?;
         eprintln!("processor stopped: {stats}");
         Ok(())
     })

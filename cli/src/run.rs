@@ -16,6 +16,7 @@ use crate::decide::RulesArgs;
 use crate::kube_args::KubeArgs;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::retention_args::RetentionArgs;
+use crate::signal::ShutdownArgs;
 use crate::stream_args::{AckWaitArgs, StreamArgs};
 
 /// Flags of `podstream run`.
@@ -45,6 +46,8 @@ pub struct RunArgs {
     pub retention: RetentionArgs,
     #[command(flatten)]
     pub ack_wait: AckWaitArgs,
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
 }
 
 impl RunArgs {
@@ -99,8 +102,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             "podstream: running ingest, processor and sink (db {})",
             db_target.redacted()
         );
-        let summaries = Pipeline::start(config, kube, db)
-            .run_until(crate::signal::shutdown_signal())
+        let summaries = args
+            .shutdown
+            .run(|shutdown| Pipeline::start(config, kube, db).run_until(shutdown))
             .await?;
         for summary in summaries {
             eprintln!("podstream: {summary}");

@@ -43,6 +43,8 @@ pub struct SinkArgs {
     #[command(flatten)]
     ack_wait: AckWaitArgs,
     #[command(flatten)]
+    shutdown: crate::signal::ShutdownArgs,
+    #[command(flatten)]
     retention: RetentionArgs,
 }
 
@@ -63,7 +65,10 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             ack_wait: args.ack_wait.ack_wait(),
             applied_retention_hours: args.retention.applied_retention_hours,
         };
-        let summary = service::run(config, db, crate::signal::shutdown_signal()).await?;
+        let summary = args
+            .shutdown
+            .run(|shutdown| service::run(config, db, shutdown))
+            .await?;
         eprintln!("sink stopped: {summary}");
         Ok(())
     })

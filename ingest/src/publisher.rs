@@ -34,10 +34,11 @@ impl Message {
         }
     }
 
-    fn to_publish(&self) -> PublishMessage {
+    /// The message to publish through `js` (a dead letter cut to the server's max payload).
+    fn to_publish(&self, js: &jetstream::Context) -> PublishMessage {
         match self {
             Message::Pod(out) => out.to_publish(),
-            Message::Dead(dead) => dead.to_publish(),
+            Message::Dead(dead) => dead.to_publish(js.client().server_info().max_payload),
         }
     }
 }
@@ -106,7 +107,7 @@ impl Publisher {
         }
         let sent = self
             .js
-            .send_publish(message.subject().to_owned(), message.to_publish())
+            .send_publish(message.subject().to_owned(), message.to_publish(&self.js))
             .await;
         match sent {
             Ok(ack) => self.in_flight.push_back(InFlight {
@@ -173,7 +174,7 @@ impl Publisher {
                 let attempt = async {
                     let ack = self
                         .js
-                        .send_publish(message.subject().to_owned(), message.to_publish())
+                        .send_publish(message.subject().to_owned(), message.to_publish(&self.js))
                         .await?;
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ack.await?)
                 };

@@ -148,6 +148,10 @@ pub const REASON_HEADER: &str = "Podstream-Reason";
 /// The header of a dead letter naming the subject it came from or was meant for.
 pub const SOURCE_HEADER: &str = "Podstream-Source";
 
+/// The header of a dead letter whose payload was cut to fit the server's `max_payload`: the
+/// original size in bytes (the source header says where the whole item is).
+pub const ORIGINAL_SIZE_HEADER: &str = "Podstream-Original-Size";
+
 /// The streams podstream writes, one per kind of subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

@@ -672,6 +672,71 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     );
 }
 
+/// A malformed pod bigger than the server's max_payload (1 MB by default) is dead-lettered
+/// cut to fit, with its original size and where to find it; the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_over_the_max_payload_is_cut_to_fit_and_the_stream_goes_on() {
+    let nats = NatsServer::start();
+    let sim = sim().await;
+    let js = jetstream(&nats.url()).await;
+    let ingest = start_ingest(&sim, &nats.url()).await;
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    let mut huge = WorkerPod::new("huge-broken", "1", "etl", "t", "r").to_json();
+    huge["metadata"]["annotations"]["try_number"] = "one".into();
+    huge["metadata"]["annotations"]["blob"] = "x".repeat(1_500_000).into();
+    let huge = sim.cluster().create_pod(huge).unwrap();
+    scenario.create("after-huge", "1");
+    bus::settle(
+        &js,
+        PODS,
+        2,
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+    )
+    .await;
+    bus::settle(
+        &js,
+        "PODSTREAM_DEAD",
+        1,
+        Duration::from_millis(100),
+        Duration::from_secs(30),
+    )
+    .await;
+    ingest.stop().await;
+
+    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    assert_eq!(dead.len(), 1);
+    let letter = &dead[0];
+    let original: usize = letter
+        .header("Podstream-Original-Size")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(original > 1_500_000, "{original}");
+    assert!(
+        letter.payload.len() < 1024 * 1024,
+        "{}",
+        letter.payload.len()
+    );
+    assert!(
+        letter.payload.starts_with(b"{"),
+        "the start of the raw object"
+    );
+    let source = letter.header("Podstream-Source").unwrap();
+    let uid = huge["metadata"]["uid"].as_str().unwrap();
+    assert!(
+        source.contains("huge-broken") && source.contains(uid),
+        "{source}"
+    );
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    assert_eq!(
+        events.len(),
+        2,
+        "the sentinel and the pod after the huge one"
+    );
+}
+
 /// A checkpoint written less often than half the duplicate window could let a crash
 /// republish events the window no longer collapses: refused before anything starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

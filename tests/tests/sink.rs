@@ -1131,6 +1131,51 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
     assert_eq!(consumer.info().await.unwrap().num_ack_pending, 0);
 }
 
+/// SIGTERM while the database is down and commands are held: the sink cannot drain, and
+/// exits (code 1) once --shutdown-timeout-seconds have passed rather than hanging; what it
+/// held is still in the stream, unacked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_database_down_exits_within_the_shutdown_timeout() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let pg = PgCluster::start();
+    let target = AirflowDb::postgres(Airflow::line("3.1"), &pg, "stopping");
+    let dir = tempfile::tempdir().unwrap();
+    let sink = podstream_tests::component::Component::start(
+        podstream_tests::podstream_binary(),
+        &[
+            "sink",
+            "--nats",
+            &nats.url(),
+            "--db",
+            &target.url,
+            "--shutdown-timeout-seconds",
+            "2",
+        ],
+        &dir.path().join("no-kubeconfig"),
+    );
+    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let mut consumer: jetstream::consumer::PullConsumer = loop {
+        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
+            break consumer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    pg.stop();
+    publish(&js, &commands()).await;
+    while consumer.info().await.unwrap().num_ack_pending < commands().len() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = sink.terminate();
+    assert_eq!(status.code(), Some(1), "a drain cut short is an error exit");
+    let info = consumer.info().await.unwrap().clone();
+    assert_eq!(
+        info.ack_floor.stream_sequence, 0,
+        "nothing was acked: {info:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     let nats = NatsServer::start();
