@@ -5,11 +5,17 @@
 //! when the depth returns to zero at the end of a line. A broken value does not
 //! stop the stream: it becomes one [`Frame::Invalid`], and reading resumes at
 //! the next line (for a value left open, at the next line that starts a
-//! top-level value in column 0, as pretty-printed JSON does).
+//! top-level value in column 0, as pretty-printed JSON does). A value or a line over
+//! [`MAX_VALUE_BYTES`] is refused the same way, never buffered whole.
 
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read};
 
 use serde_json::value::RawValue;
+
+/// The largest JSON value (and line) read. A Kubernetes object is at most about 1.5 MB (etcd's
+/// limit) and the API server takes requests of up to 3 MB, so a watch event is far smaller;
+/// a larger value is input gone wrong (a value never closed), not a pod.
+pub const MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
 
 /// One item of the stream.
 #[derive(Debug)]
@@ -30,12 +36,22 @@ pub struct JsonFrames<R> {
     depth: i64,
     ready: std::collections::VecDeque<Frame>,
     done: bool,
+    limit: usize,
+    /// After a value over the limit: lines are skipped up to the next top-level value.
+    skipping: bool,
 }
 
 impl<R: BufRead> JsonFrames<R> {
-    /// Frames over `reader`.
+    /// Frames over `reader`, values of up to [`MAX_VALUE_BYTES`].
     pub fn new(reader: R) -> Self {
+        JsonFrames::with_limit(reader, MAX_VALUE_BYTES)
+    }
+
+    /// Frames over `reader`, values of up to `limit` bytes.
+    pub fn with_limit(reader: R, limit: usize) -> Self {
         JsonFrames {
+            limit,
+            skipping: false,
             reader,
             line: Vec::new(),
             line_no: 0,
@@ -54,6 +70,24 @@ impl<R: BufRead> JsonFrames<R> {
 
     fn push_line(&mut self) {
         let starts_value = matches!(self.line.first(), Some(b'{' | b'['));
+        if self.skipping && !starts_value {
+            return;
+        }
+        self.skipping = false;
+        if self.value.len() + self.line.len() > self.limit {
+            let start = if self.value.is_empty() {
+                self.line_no
+            } else {
+                self.value_start
+            };
+            self.ready.push_back(Frame::Invalid(format!(
+                "the JSON value starting at line {start} is over {} bytes; skipped",
+                self.limit
+            )));
+            self.reset();
+            self.skipping = true;
+            return;
+        }
         if !self.value.is_empty() && starts_value {
             // Still inside a value while a new top-level one starts: the
             // previous one was cut short.
@@ -120,6 +154,23 @@ impl<R: BufRead> JsonFrames<R> {
         self.reset();
     }
 
+    /// Reads and drops bytes up to the end of the current line, a chunk at a time.
+    fn skip_to_line_end(&mut self) -> io::Result<()> {
+        loop {
+            let (done, used) = {
+                let buffer = self.reader.fill_buf()?;
+                match buffer.iter().position(|b| *b == b'\n') {
+                    Some(at) => (true, at + 1),
+                    None => (buffer.is_empty(), buffer.len()),
+                }
+            };
+            self.reader.consume(used);
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
     fn reset(&mut self) {
         self.value.clear();
         self.depth = 0;
@@ -138,7 +189,14 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
                 return None;
             }
             self.line.clear();
-            match self.reader.read_until(b'\n', &mut self.line) {
+            // At most one byte over the limit per read: a line without an end is not buffered.
+            let most = u64::try_from(self.limit)
+                .unwrap_or(u64::MAX)
+                .saturating_add(1);
+            match (&mut self.reader)
+                .take(most)
+                .read_until(b'\n', &mut self.line)
+            {
                 Ok(0) => {
                     self.done = true;
                     if !self.value.is_empty() {
@@ -150,8 +208,16 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
                     }
                 }
                 Ok(_) => {
+                    let cut = self.line.last() != Some(&b'\n') && self.line.len() > self.limit;
                     self.line_no += 1;
                     self.push_line();
+                    if cut {
+                        // The rest of that line is part of the refused value.
+                        if let Err(err) = self.skip_to_line_end() {
+                            self.done = true;
+                            return Some(Err(err));
+                        }
+                    }
                 }
                 Err(err) => {
                     self.done = true;
@@ -230,6 +296,40 @@ mod tests {
         let out = frames("{\"a\":1}\n{\"b\":\n");
         assert_eq!(out[0], "{\"a\":1}");
         assert!(out[1].contains("at end of input"), "{out:?}");
+    }
+
+    /// A value never closed, or one line without an end, is refused at the limit and the
+    /// stream resumes at the next top-level value; nothing over the limit is buffered.
+    #[test]
+    fn a_value_over_the_limit_is_refused_and_the_stream_goes_on() {
+        let limit = 64;
+        let frames = |input: &str| -> Vec<String> {
+            JsonFrames::with_limit(input.as_bytes(), limit)
+                .map(|f| match f.unwrap() {
+                    Frame::Value(v) => v.get().to_owned(),
+                    Frame::Invalid(e) => format!("invalid: {e}"),
+                })
+                .collect()
+        };
+        let long_value = format!(
+            "{{\n{}  \"end\": 1\n}}\n{{\"next\":1}}\n",
+            "  \"k\": 1,\n".repeat(20)
+        );
+        let out = frames(&long_value);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(
+            out[0].contains("starting at line 1 is over 64 bytes"),
+            "{out:?}"
+        );
+        assert_eq!(out[1], "{\"next\":1}");
+
+        let long_line = format!("{{\"blob\": \"{}\"}}\n{{\"next\":2}}\n", "x".repeat(1000));
+        let out = frames(&long_line);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(out[0].contains("over 64 bytes"), "{out:?}");
+        assert_eq!(out[1], "{\"next\":2}");
+
+        assert_eq!(frames("{\"a\": \"short\"}\n"), ["{\"a\": \"short\"}"]);
     }
 
     #[test]
