@@ -144,7 +144,9 @@ struct Entry {
     payload: bytes::Bytes,
 }
 
-/// Prints the timeline.
+/// Prints the timeline: both streams read at once and merged in time order as they arrive,
+/// so a week of history takes constant memory (`--decide` keeps only the commands not yet
+/// matched with their counterpart, and the rules' state of the task instances seen).
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
@@ -159,11 +161,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             (Position::Sequence(_), Some((_, time))) => *time,
             (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
         };
-        let pods = match pods_start {
-            Some((policy, _)) => read(&js, &pods_name, "pods", policy, args.until).await?,
-            None => Vec::new(),
+        let mut pods = match pods_start {
+            Some((policy, _)) => Reader::open(&js, &pods_name, "pods", policy, args.until).await?,
+            None => Reader::Empty,
         };
-        let commands = read(
+        let mut commands = Reader::open(
             &js,
             &commands_name,
             "commands",
@@ -178,13 +180,25 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         )
         .await?;
 
-        let mut timeline: Vec<Entry> = pods.into_iter().chain(commands).collect();
-        // Pod events before commands at the same instant: a command follows its event.
-        timeline.sort_by_key(|e| (e.time, e.stream == "commands", e.sequence));
         let mut printed = 0usize;
-        let mut replayed_events = Vec::new();
-        let mut recorded = Vec::new();
-        for entry in &timeline {
+        let mut replayed = 0usize;
+        let mut decide = args.decide.then(|| Redecide::new(args));
+        let (mut next_pod, mut next_command) = (pods.next().await?, commands.next().await?);
+        loop {
+            // Pod events before commands at the same instant: a command follows its event.
+            let pod_first = match (&next_pod, &next_command) {
+                (Some(pod), Some(command)) => (pod.time, pod.sequence) <= (command.time, u64::MAX),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let entry = if pod_first {
+                std::mem::replace(&mut next_pod, pods.next().await?)
+            } else {
+                std::mem::replace(&mut next_command, commands.next().await?)
+            };
+            let Some(entry) = entry else { break };
+            replayed += 1;
             let (task, pod) = identify(&entry.payload, entry.stream);
             if let Some(filter) = &args.task
                 && !task.as_ref().is_some_and(|t| filter.matches(t))
@@ -194,15 +208,16 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             // --decide sees every pod of the task, also those --pod hides; a previous owner's
             // copy (`left`) is neither an event to decide nor a second command.
             let left = entry.role.as_deref() == Some(Role::Left.as_str());
-            if entry.stream == "pods" && !left {
-                if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
-                    replayed_events.push(event);
-                }
-            } else if entry.stream == "commands"
+            if let Some(decide) = decide.as_mut()
                 && !left
-                && let Ok(command) = Command::decode(entry.payload.as_ref())
             {
-                recorded.push(command);
+                if entry.stream == "pods" {
+                    if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
+                        decide.event(&event);
+                    }
+                } else if let Ok(command) = Command::decode(entry.payload.as_ref()) {
+                    decide.recorded(command);
+                }
             }
             if let Some(name) = &args.pod
                 && pod.as_deref() != Some(name.as_str())
@@ -230,9 +245,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             }
             printed += 1;
         }
-        eprintln!("replayed {} messages, {printed} shown", timeline.len());
-        if args.decide {
-            let differences = redecide(args, &replayed_events, &recorded);
+        pods.finish();
+        commands.finish();
+        eprintln!("replayed {replayed} messages, {printed} shown");
+        if let Some(decide) = decide {
+            let differences = decide.finish();
             eprintln!("--decide: {differences} difference(s) between then and today's rules");
         }
         Ok(())
@@ -271,62 +288,109 @@ async fn start_policy(
     }
 }
 
-/// Reads `stream` with an ordered consumer from `policy` to `until` (or its end at start),
-/// with a progress bar on stderr.
-async fn read(
-    js: &jetstream::Context,
-    name: &str,
+/// One stream read in order with an ordered consumer, from a start to `until` (or its end at
+/// start), one message at a time, with a progress bar on stderr.
+enum Reader {
+    /// The stream does not exist or holds nothing.
+    Empty,
+    /// Messages to come.
+    Reading(Box<Reading>),
+}
+
+/// A stream being read.
+struct Reading {
+    name: String,
     label: &'static str,
-    policy: DeliverPolicy,
+    messages: jetstream::consumer::pull::Ordered,
+    last: u64,
     until: Option<Position>,
-) -> anyhow::Result<Vec<Entry>> {
-    let Ok(mut stream) = js.get_stream(name).await else {
-        return Ok(Vec::new());
-    };
-    let state = stream
-        .info()
-        .await
-        .context("reading stream info")?
-        .state
-        .clone();
-    let last = match until {
-        Some(Position::Sequence(sequence)) => sequence.min(state.last_sequence),
-        _ => state.last_sequence,
-    };
-    if state.messages == 0 {
-        return Ok(Vec::new());
+    progress: indicatif::ProgressBar,
+    ended: bool,
+}
+
+impl Reader {
+    async fn open(
+        js: &jetstream::Context,
+        name: &str,
+        label: &'static str,
+        policy: DeliverPolicy,
+        until: Option<Position>,
+    ) -> anyhow::Result<Reader> {
+        let Ok(mut stream) = js.get_stream(name).await else {
+            return Ok(Reader::Empty);
+        };
+        let state = stream
+            .info()
+            .await
+            .context("reading stream info")?
+            .state
+            .clone();
+        if state.messages == 0 {
+            return Ok(Reader::Empty);
+        }
+        let last = match until {
+            Some(Position::Sequence(sequence)) => sequence.min(state.last_sequence),
+            _ => state.last_sequence,
+        };
+        let progress = indicatif::ProgressBar::with_draw_target(
+            Some(state.messages),
+            indicatif::ProgressDrawTarget::stderr(),
+        )
+        .with_message(label);
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                deliver_policy: policy,
+                ..OrderedConfig::default()
+            })
+            .await
+            .with_context(|| format!("reading {name}"))?;
+        let messages = consumer.messages().await.context("reading")?;
+        Ok(Reader::Reading(Box::new(Reading {
+            name: name.to_owned(),
+            label,
+            messages,
+            last,
+            until,
+            progress,
+            ended: false,
+        })))
     }
-    let progress = indicatif::ProgressBar::with_draw_target(
-        Some(state.messages),
-        indicatif::ProgressDrawTarget::stderr(),
-    )
-    .with_message(label);
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: policy,
-            ..OrderedConfig::default()
-        })
-        .await
-        .with_context(|| format!("reading {name}"))?;
-    let mut messages = consumer.messages().await.context("reading")?;
-    let mut out = Vec::new();
-    loop {
+
+    /// The next message, or `None` at the end.
+    async fn next(&mut self) -> anyhow::Result<Option<Entry>> {
+        let Reader::Reading(reading) = self else {
+            return Ok(None);
+        };
+        let Reading {
+            name,
+            label,
+            messages,
+            last,
+            until,
+            progress,
+            ended,
+        } = reading.as_mut();
+        if *ended {
+            return Ok(None);
+        }
         let next = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
         // No message for 2 s: we are at the end (or past --until's time).
-        let Ok(Some(message)) = next else { break };
+        let Ok(Some(message)) = next else {
+            *ended = true;
+            return Ok(None);
+        };
         let message = message.with_context(|| format!("reading {name}"))?;
         let info = message.info().map_err(|e| anyhow::anyhow!("{e}"))?;
         let (sequence, time, pending) = (info.stream_sequence, info.published, info.pending);
-        if sequence > last {
-            break;
-        }
-        if let Some(Position::Time(until)) = until
-            && time > until
-        {
-            break;
+        if sequence > *last || matches!(until, Some(Position::Time(until)) if time > *until) {
+            *ended = true;
+            return Ok(None);
         }
         progress.inc(1);
-        out.push(Entry {
+        if sequence >= *last || pending == 0 {
+            *ended = true;
+        }
+        Ok(Some(Entry {
             stream: label,
             sequence,
             time,
@@ -337,13 +401,14 @@ async fn read(
                 .and_then(|h| h.get(ROLE_HEADER))
                 .map(|v| v.as_str().to_owned()),
             payload: message.payload.clone(),
-        });
-        if sequence >= last || pending == 0 {
-            break;
+        }))
+    }
+
+    fn finish(&self) {
+        if let Reader::Reading(reading) = self {
+            reading.progress.finish_and_clear();
         }
     }
-    progress.finish_and_clear();
-    Ok(out)
 }
 
 /// The task and pod name a message is about.
@@ -359,50 +424,86 @@ fn identify(payload: &[u8], stream: &str) -> (Option<TaskKey>, Option<String>) {
     }
 }
 
-/// Decides `events` again with today's rules and prints what differs from `recorded`, by
-/// command id; returns the number of differences.
-fn redecide(args: &ReplayArgs, events: &[PodEvent], recorded: &[Command]) -> usize {
-    let mut processor = Processor::new(args.rules.rules(), MemoryStore::default());
-    let mut today: BTreeMap<String, Command> = BTreeMap::new();
-    for event in events {
-        if let Ok(commands) = processor.handle(event) {
-            today.extend(commands.into_iter().map(|c| {
-                let c = c.into_command();
-                (c.id.clone(), c)
-            }));
+/// `--decide`: today's rules over the replayed pod events, beside the commands recorded then,
+/// matched by command id as they come; only the unmatched are kept.
+struct Redecide<'a> {
+    args: &'a ReplayArgs,
+    processor: Processor<MemoryStore>,
+    /// Commands seen on one side only so far: (then, today).
+    unmatched: BTreeMap<String, (Option<Command>, Option<Command>)>,
+    differences: usize,
+}
+
+impl<'a> Redecide<'a> {
+    fn new(args: &'a ReplayArgs) -> Redecide<'a> {
+        Redecide {
+            args,
+            processor: Processor::new(args.rules.rules(), MemoryStore::default()),
+            unmatched: BTreeMap::new(),
+            differences: 0,
         }
     }
-    let then: BTreeMap<String, Command> =
-        recorded.iter().map(|c| (c.id.clone(), c.clone())).collect();
-    let mut differences = 0;
-    for (id, command) in &then {
-        match today.get(id) {
-            Some(now) if now == command => {}
-            Some(now) => {
-                differences += 1;
+
+    /// Decides a replayed pod event with today's rules.
+    fn event(&mut self, event: &PodEvent) {
+        if let Ok(commands) = self.processor.handle(event) {
+            for command in commands {
+                let command = command.into_command();
+                self.side(command, false);
+            }
+        }
+    }
+
+    /// A command as it was decided then.
+    fn recorded(&mut self, command: Command) {
+        self.side(command, true);
+    }
+
+    fn side(&mut self, command: Command, then: bool) {
+        let id = command.id.clone();
+        let sides = self.unmatched.entry(id.clone()).or_default();
+        if then {
+            sides.0 = Some(command);
+        } else {
+            sides.1 = Some(command);
+        }
+        if let (Some(then), Some(today)) = sides {
+            if then != today {
+                self.differences += 1;
                 println!(
                     "differs  then: {}",
-                    lines::command_line(command, "", args.json)
+                    lines::command_line(then, "", self.args.json)
                 );
                 println!(
                     "         today: {}",
-                    lines::command_line(now, "", args.json)
+                    lines::command_line(today, "", self.args.json)
                 );
             }
-            None => {
-                differences += 1;
-                println!("then only: {}", lines::command_line(command, "", args.json));
+            self.unmatched.remove(&id);
+        }
+    }
+
+    /// Prints what was decided on one side only; returns the number of differences.
+    fn finish(self) -> usize {
+        let mut differences = self.differences;
+        for (then, today) in self.unmatched.into_values() {
+            differences += 1;
+            match (then, today) {
+                (Some(then), None) => {
+                    println!(
+                        "then only: {}",
+                        lines::command_line(&then, "", self.args.json)
+                    )
+                }
+                (None, Some(today)) => {
+                    println!(
+                        "today only: {}",
+                        lines::command_line(&today, "", self.args.json)
+                    )
+                }
+                _ => {}
             }
         }
+        differences
     }
-    for (id, command) in &today {
-        if !then.contains_key(id) {
-            differences += 1;
-            println!(
-                "today only: {}",
-                lines::command_line(command, "", args.json)
-            );
-        }
-    }
-    differences
 }
