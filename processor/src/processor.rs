@@ -113,19 +113,50 @@ pub trait StateStore {
 /// short string keys (TI keys) hashed on every event.
 type FastHash = foldhash::fast::RandomState;
 
+/// Finished task instances (every pod deleted) a [`MemoryStore`] keeps, by default.
+pub const DEFAULT_FINISHED_TASKS: usize = 10_000;
+
 /// A [`StateStore`] in process memory: the pipeline's KV record of each task instance, so
-/// an event costs one lookup.
-#[derive(Debug, Default)]
+/// an event costs one lookup. A finished task instance (every pod it had is deleted) is
+/// kept for late repeats of its events only as long as it is among the last
+/// [`DEFAULT_FINISHED_TASKS`] to finish: a deleted pod is never listed again, so only a
+/// replayed input can bring its events back, and those are decided again with the same
+/// command ids, which the sink skips. So memory follows the live task instances, not
+/// everything ever seen.
+#[derive(Debug)]
 pub struct MemoryStore {
     records: HashMap<TaskKey, TaskRecord, FastHash>,
+    /// Finished task instances, oldest first.
+    finished: hashlink::LinkedHashSet<TaskKey, FastHash>,
+    finished_limit: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::keeping_finished(DEFAULT_FINISHED_TASKS)
+    }
 }
 
 impl MemoryStore {
+    /// A store that keeps at most `limit` finished task instances.
+    pub fn keeping_finished(limit: usize) -> MemoryStore {
+        MemoryStore {
+            records: HashMap::default(),
+            finished: hashlink::LinkedHashSet::default(),
+            finished_limit: limit,
+        }
+    }
+
     /// Number of pods and task instances remembered.
     pub fn len(&self) -> (usize, usize) {
         let pods = self.records.values().map(|r| r.pods.len()).sum();
         let tasks = self.records.values().filter(|r| r.task.is_some()).count();
         (pods, tasks)
+    }
+
+    /// Number of task instance records held, finished ones included.
+    pub fn records(&self) -> usize {
+        self.records.len()
     }
 
     /// The state of task instance `key`, if any pod maps to it.
@@ -137,6 +168,13 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
+}
+
+/// Whether every pod the record has known is deleted and none maps to the TI any more.
+fn finished(record: &TaskRecord) -> bool {
+    record.task.is_none()
+        && !record.pods.is_empty()
+        && record.pods.iter().all(|(_, pod)| pod.state.gone)
 }
 
 impl StateStore for MemoryStore {
@@ -151,6 +189,23 @@ impl StateStore for MemoryStore {
             Some(record) => record,
             None => self.records.entry(key.clone()).or_default(),
         };
-        Ok(change(record))
+        // Only records that finish or come back touch the set: a live TI's event costs nothing.
+        let was_finished = finished(record);
+        let result = change(record);
+        match (was_finished, finished(record)) {
+            (false, true) => {
+                self.finished.insert(key.clone());
+                while self.finished.len() > self.finished_limit {
+                    if let Some(oldest) = self.finished.pop_front() {
+                        self.records.remove(&oldest);
+                    }
+                }
+            }
+            (true, false) => {
+                self.finished.remove(key);
+            }
+            _ => {}
+        }
+        Ok(result)
     }
 }

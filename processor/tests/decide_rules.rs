@@ -164,3 +164,47 @@ fn malformed_events_are_typed_errors() {
         ))
     ));
 }
+
+/// The in-process store forgets finished task instances (every pod deleted) beyond its
+/// limit, oldest first, and never a live one: memory follows the live task instances.
+#[test]
+fn finished_task_instances_are_forgotten_beyond_the_limit_and_live_ones_never() {
+    use podstream_processor::{MemoryStore, Processor, Rules};
+    let mut processor = Processor::new(Rules::default(), MemoryStore::keeping_finished(3));
+    let of = |task: &str, event: podstream_proto::v1::PodEvent| podstream_proto::v1::PodEvent {
+        task: Some(podstream_proto::v1::TaskKey {
+            task_id: task.into(),
+            ..ti(1)
+        }),
+        ..event
+    };
+    let live = |name: &str| of(name, ev(Added, Running, name, 1));
+    processor.handle(&live("stays")).unwrap();
+    for i in 0..10 {
+        let name = format!("done-{i}");
+        processor
+            .handle(&of(&name, ev(Added, Running, &name, 10 + i)))
+            .unwrap();
+        processor
+            .handle(&of(&name, ev(Deleted, Succeeded, &name, 20 + i).deleting()))
+            .unwrap();
+    }
+    assert_eq!(
+        processor.store().records(),
+        1 + 3,
+        "the live one and the last three finished"
+    );
+    let stays = podstream_proto::v1::TaskKey {
+        task_id: "stays".into(),
+        ..ti(1)
+    };
+    assert!(
+        processor.store().task(&stays).is_some(),
+        "a live TI is never forgotten"
+    );
+    // A late repeat of a kept finished TI's event changes nothing; a forgotten one is
+    // decided again (same command ids: the sink skips them).
+    let repeat = of("done-9", ev(Deleted, Succeeded, "done-9", 29).deleting());
+    let kept = processor.handle(&repeat).unwrap();
+    assert!(kept.is_empty(), "{kept:?}");
+}
