@@ -952,6 +952,17 @@ async fn three_sinks_apply_each_tis_transfers_in_stream_order() {
     );
 }
 
+/// The sink's consumer, once a starting sink has made it.
+async fn sink_consumer(js: &jetstream::Context) -> jetstream::consumer::PullConsumer {
+    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    loop {
+        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
+            return consumer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A database slower than the ack wait (a lock held for four of them): the sink keeps the
 /// commands it holds with progress acks, so none is redelivered, and each applies once when
 /// the lock goes.
@@ -979,13 +990,7 @@ async fn a_database_slower_than_the_ack_wait_causes_no_redelivery() {
         db.clone(),
     );
     publish(&js, &commands()).await;
-    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
-    let mut consumer: jetstream::consumer::PullConsumer = loop {
-        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
-            break consumer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut consumer = sink_consumer(&js).await;
     tokio::time::sleep(4 * ACK_WAIT).await;
     let held = consumer.info().await.unwrap().clone();
     assert_eq!(
@@ -1035,13 +1040,7 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
     ensure_streams(&js).await;
     let (target, db) = prepared(Airflow::line("3.1"), true, "refusing").await;
     let (task, stop) = start_sink(&nats.url(), db.clone());
-    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
-    let mut consumer: jetstream::consumer::PullConsumer = loop {
-        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
-            break consumer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut consumer = sink_consumer(&js).await;
 
     let mut admin = sqlx::PgConnection::connect(&target.url).await.unwrap();
     let run = |sql: &'static str| sqlx::query(sql);
@@ -1155,13 +1154,7 @@ async fn sigterm_with_the_database_down_exits_within_the_shutdown_timeout() {
         ],
         &dir.path().join("no-kubeconfig"),
     );
-    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
-    let mut consumer: jetstream::consumer::PullConsumer = loop {
-        if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
-            break consumer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut consumer = sink_consumer(&js).await;
     pg.stop();
     publish(&js, &commands()).await;
     while consumer.info().await.unwrap().num_ack_pending < commands().len() {
