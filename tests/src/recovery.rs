@@ -64,6 +64,9 @@ pub struct Kill {
     pub down: Duration,
     /// `--ack-wait-seconds` of the processor and the sink.
     pub ack_wait_seconds: u64,
+    /// Whether the database is locked from just before the failure until just after the
+    /// restart, so the sink certainly holds the fail command, unapplied, when it dies.
+    pub lock_database: bool,
 }
 
 /// What a round measured.
@@ -175,9 +178,28 @@ pub async fn play(binary: &Path, kill: Kill) -> Recovery {
     }
     wait_for_commands(&db, TASKS.len() as i64).await;
 
+    // A second writer holding SQLite's write lock: the sink's transactions wait on it.
+    let mut lock = if kill.lock_database {
+        let mut lock = db
+            .pool
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("a connection to lock with: {e}"));
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *lock)
+            .await
+            .unwrap_or_else(|e| panic!("locking the database: {e}"));
+        Some(lock)
+    } else {
+        None
+    };
     cluster
         .set_phase(NS, "failed", "Failed")
         .unwrap_or_else(|e| panic!("{e}"));
+    if lock.is_some() {
+        // Until the sink holds the fail: pulled, waiting on the lock.
+        wait_for_ack_pending(&url).await;
+    }
     tokio::time::sleep(kill.after).await;
     let killed_at = now();
     let victim = components
@@ -198,6 +220,13 @@ pub async fn play(binary: &Path, kill: Kill) -> Recovery {
     tokio::time::sleep(kill.down).await;
     let restarted_at = now();
     victim.restart();
+    if let Some(lock) = lock.as_mut() {
+        sqlx::query("ROLLBACK")
+            .execute(&mut **lock)
+            .await
+            .unwrap_or_else(|e| panic!("unlocking the database: {e}"));
+    }
+    drop(lock);
 
     let expected = [
         ("failed", "up_for_retry", 1),
@@ -250,6 +279,31 @@ pub async fn play(binary: &Path, kill: Kill) -> Recovery {
     Recovery {
         from_kill: last - killed_at,
         from_restart: last - restarted_at,
+    }
+}
+
+/// Waits until the sink's consumer has a command delivered and not acked (at most 60 s).
+async fn wait_for_ack_pending(url: &str) {
+    let js = async_nats::jetstream::new(
+        async_nats::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {url}: {e}")),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(stream) = js.get_stream("PODSTREAM_COMMANDS").await
+            && let Ok(mut consumer) = stream
+                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                    podstream_sink::service::DEFAULT_CONSUMER,
+                )
+                .await
+            && let Ok(info) = consumer.info().await
+            && info.num_ack_pending > 0
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the sink never held the fail");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

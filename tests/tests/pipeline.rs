@@ -260,22 +260,31 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_stage_killed_just_after_a_failure_resumes_its_in_flight_work_once() {
     podstream_tests::init_tracing();
-    for stage in Stage::ALL {
-        for after in [0, 10, 25, 50].map(Duration::from_millis) {
-            let kill = Kill {
-                stage,
-                after,
-                down: Duration::from_millis(500),
-                ack_wait_seconds: podstream_bus::config::DEFAULT_ACK_WAIT_SECONDS,
-            };
-            let recovery = recovery::play(podstream_binary(), kill).await;
-            eprintln!(
-                "{} killed {} ms after the failure: last commit {:.2} s after the kill, {:.2} s after the restart",
-                stage.name(),
-                after.as_millis(),
-                recovery.from_kill,
-                recovery.from_restart
-            );
-        }
+    let unlocked = Stage::ALL
+        .into_iter()
+        .flat_map(|stage| [0, 10, 25, 50].map(|ms| (stage, Duration::from_millis(ms), false)));
+    // With the database locked, the sink certainly holds the fail when it dies.
+    let locked = [Stage::Run, Stage::Sink].map(|stage| (stage, Duration::ZERO, true));
+    for (stage, after, lock_database) in unlocked.chain(locked) {
+        let kill = Kill {
+            stage,
+            after,
+            down: Duration::from_millis(500),
+            ack_wait_seconds: podstream_bus::config::DEFAULT_ACK_WAIT_SECONDS,
+            lock_database,
+        };
+        let recovery = recovery::play(podstream_binary(), kill).await;
+        eprintln!(
+            "{} killed {} ms after the failure{}: last commit {:.2} s after the kill, {:.2} s after the restart",
+            stage.name(),
+            after.as_millis(),
+            if lock_database {
+                ", database locked"
+            } else {
+                ""
+            },
+            recovery.from_kill,
+            recovery.from_restart
+        );
     }
 }
