@@ -11,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::apply::{self, FieldManager};
 use crate::container::{ContainerState, log_path, set_container};
 use crate::object::{self, Key, Stored, rfc3339};
 use crate::patch::{self, PatchType};
@@ -273,21 +274,38 @@ impl Cluster {
         key: &Key,
         body: Value,
         status_subresource: bool,
+        manager: &FieldManager,
     ) -> Result<Arc<Stored>, ApiError> {
         let expected = object::resource_version_of(&body);
         self.update(key, expected, |old| {
-            object::prepare_update(key.resource, old, body, status_subresource)
+            let mut new = object::prepare_update(key.resource, old, body, status_subresource)?;
+            apply::record_update(old, &mut new, manager);
+            Ok(new)
         })
     }
 
-    /// Patches an object, or its status with `status_subresource`.
+    /// Patches an object, or its status with `status_subresource`. An apply patch creates
+    /// the object when it does not exist, as the API server's does.
     pub fn patch(
         &self,
         key: &Key,
         patch_type: PatchType,
         body: &[u8],
         status_subresource: bool,
+        manager: &FieldManager,
     ) -> Result<Arc<Stored>, ApiError> {
+        if patch_type == PatchType::Apply {
+            let applied = patch::decode(body)?;
+            if self.store().get(key).is_none() {
+                let mut created = apply::apply(None, &applied, manager)?;
+                created["metadata"]["name"] = json!(key.name);
+                return self.create(key.resource, &key.namespace, created, true);
+            }
+            return self.update(key, None, |old| {
+                let new = apply::apply(Some(old), &applied, manager)?;
+                object::prepare_update(key.resource, old, new, status_subresource)
+            });
+        }
         self.update(key, None, |old| {
             let patched = patch::apply(patch_type, old, body)?;
             // A resourceVersion written by the patch is a precondition, like a PUT's.
@@ -296,7 +314,10 @@ impl Cluster {
             if wanted.is_some() && wanted != current {
                 return Err(conflict(key));
             }
-            object::prepare_update(key.resource, old, patched, status_subresource)
+            let mut new =
+                object::prepare_update(key.resource, old, patched, status_subresource)?;
+            apply::record_update(old, &mut new, manager);
+            Ok(new)
         })
     }
 

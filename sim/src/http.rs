@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::cluster::{Cluster, DeleteOptions, Deletion, ListQuery, ResourceVersionMatch};
 use crate::discovery;
 use crate::object::{Key, Stored};
+use crate::apply::FieldManager;
 use crate::patch::PatchType;
 use crate::protobuf;
 use crate::query::Query;
@@ -252,7 +253,12 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
         }
         (Some(name), Method::PUT) => {
             let value = parse_body(headers, body)?;
-            let stored = cluster.replace(&key(target, name), value, status_sub)?;
+            let stored = cluster.replace(
+                &key(target, name),
+                value,
+                status_sub,
+                &field_manager(query),
+            )?;
             Ok(object_response(StatusCode::OK, &stored, format))
         }
         (Some(name), Method::PATCH) => {
@@ -261,7 +267,18 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
             let patch_type = PatchType::from_content_type(content_type)?;
-            let stored = cluster.patch(&key(target, name), patch_type, body, status_sub)?;
+            if patch_type == PatchType::Apply && query.non_empty("fieldManager").is_none() {
+                return Err(ApiError::bad_request(
+                    "PATCH: fieldManager is required for apply requests",
+                ));
+            }
+            let stored = cluster.patch(
+                &key(target, name),
+                patch_type,
+                body,
+                status_sub,
+                &field_manager(query),
+            )?;
             Ok(object_response(StatusCode::OK, &stored, format))
         }
         (Some(name), Method::DELETE) if target.subresource.is_none() => {
@@ -281,6 +298,17 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
             Reason::MethodNotAllowed,
             format!("the server does not allow this method on the requested resource ({method})"),
         )),
+    }
+}
+
+/// The writer a request names; server-side apply records and checks ownership by it.
+fn field_manager(query: &Query) -> FieldManager {
+    FieldManager {
+        name: query
+            .non_empty("fieldManager")
+            .map(str::to_owned)
+            .unwrap_or_else(|| FieldManager::unknown().name),
+        force: query.flag("force"),
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`cluster`]: the verbs, deletion timers and the control API tests drive pods with.
 //! - [`watch`]: watch streams; [`http`]: URL layout and query parameters; [`server`]: serving.
 
+pub mod apply;
 pub mod cluster;
 pub mod container;
 pub mod discovery;

@@ -1,4 +1,5 @@
-//! The three patch types kubectl sends: JSON merge, strategic merge and JSON patch.
+//! The patch types kubectl sends: JSON merge, strategic merge, JSON patch, and apply (whose
+//! ownership rules live in `apply`).
 
 use serde_json::{Map, Value};
 
@@ -13,6 +14,8 @@ pub enum PatchType {
     Strategic,
     /// `application/json-patch+json` (RFC 6902).
     Json,
+    /// `application/apply-patch+yaml`: server-side apply, read as JSON (YAML's JSON subset).
+    Apply,
 }
 
 impl PatchType {
@@ -23,22 +26,34 @@ impl PatchType {
             "application/merge-patch+json" => Ok(PatchType::Merge),
             "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
             "application/json-patch+json" => Ok(PatchType::Json),
+            crate::apply::APPLY_PATCH => Ok(PatchType::Apply),
             other => Err(ApiError::new(
                 Reason::UnsupportedMediaType,
                 format!(
-                    "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+                    "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
                 ),
             )),
         }
     }
 }
 
-/// Applies a patch body to an object; a malformed patch is a 400, a failing JSON patch a 422.
+/// A patch body as JSON, or 400.
+pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+}
+
+/// Applies a merge, strategic or JSON patch body to an object; a malformed patch is a 400, a
+/// failing JSON patch a 422. An apply patch is `apply::apply`'s.
 pub fn apply(patch_type: PatchType, target: &Value, body: &[u8]) -> Result<Value, ApiError> {
-    let patch: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let patch = decode(body)?;
     let mut patched = target.clone();
     match patch_type {
+        PatchType::Apply => {
+            return Err(ApiError::bad_request(
+                "an apply patch needs a field manager: it is applied with ownership",
+            ));
+        }
         PatchType::Merge => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request("a merge patch must be a JSON object"));
