@@ -5,6 +5,7 @@ use clap::Args;
 use podstream_ingest::service::{self, IngestConfig};
 
 use crate::kube_args::KubeArgs;
+use crate::lease_args::LeaseArgs;
 use crate::stream_args::{NatsArgs, StreamArgs};
 
 /// Flags of `podstream ingest`.
@@ -19,6 +20,8 @@ pub struct IngestArgs {
     pub streams: StreamArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = service::DEFAULT_ACK_WINDOW)]
     pub ack_window: usize,
@@ -52,6 +55,7 @@ impl IngestArgs {
             ack_window: self.ack_window,
             checkpoint_bucket: self.checkpoint_bucket.clone(),
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
+            lease: self.lease.lease(),
         }
     }
 }

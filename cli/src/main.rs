@@ -9,6 +9,7 @@ mod demo_watcher;
 mod ingest;
 mod json_stream;
 mod kube_args;
+mod lease_args;
 mod lines;
 mod pipeline;
 mod process;

@@ -14,6 +14,7 @@ use podstream_sink::service::SinkConfig;
 use crate::db_args::DbArgs;
 use crate::decide::RulesArgs;
 use crate::kube_args::KubeArgs;
+use crate::lease_args::LeaseArgs;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::retention_args::RetentionArgs;
 use crate::signal::ShutdownArgs;
@@ -39,6 +40,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
+    pub lease: LeaseArgs,
+    #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
     pub rules: RulesArgs,
@@ -57,6 +60,7 @@ impl RunArgs {
             ingest: IngestConfig {
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),
+                lease: self.lease.lease(),
                 ..IngestConfig::default()
             },
             process: ProcessConfig {

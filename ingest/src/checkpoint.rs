@@ -11,6 +11,12 @@
 //! ~17 MB at 100k pods), so the interval should stay well under the duplicate window
 //! (everything published since the last write is published again after a crash, and only the
 //! window makes that harmless) but not far under a second.
+//!
+//! Every write is a compare-and-set on the key's KV revision, and every batch starts by
+//! setting the `leader` key (the writer's term and identity) at the revision this writer last
+//! left it. An ingest that claimed the checkpoint after this one makes the next batch fail,
+//! and a writer that finds its revisions stale stops as [`Deposed`]: two ingests can never
+//! interleave their shards.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,9 +30,14 @@ use podstream_proto::v1::EventType;
 use prost::Message as _;
 
 use crate::known::{FastHash, Outgoing, Role, uid};
+use crate::leadership::{Deposed, Fence};
 
 /// Key holding the last published resourceVersion.
 const RESUME_KEY: &str = "resume";
+/// Key holding the term and identity of the ingest that writes the checkpoint.
+const LEADER_KEY: &str = "leader";
+/// The KV revision of a key that does not exist: a compare-and-set expecting no value.
+const ABSENT: u64 = 0;
 /// Prefix of shard keys: `pods.<shard>`, four digits.
 const SHARD_PREFIX: &str = "pods.";
 /// Shards of the pods' entries. Changing it leaves keys past the new count to be purged
@@ -115,9 +126,40 @@ pub struct Checkpoint {
     stale: Vec<String>,
     resume: Option<u64>,
     resume_dirty: bool,
+    /// The KV revision of each shard key, and of the resume key, as this writer left them.
+    revisions: Revisions,
+    /// The `leader` key's value for this writer, once it claimed the checkpoint.
+    claim: Option<Bytes>,
+    fence: Fence,
     interval: Duration,
     last_write: Option<Instant>,
-    in_flight: Option<tokio::task::JoinHandle<Result<(), WriteFailed>>>,
+    in_flight: Option<tokio::task::JoinHandle<(Written, Result<(), WriteFailed>)>>,
+}
+
+/// The KV revisions a writer expects to find.
+#[derive(Debug, Clone)]
+struct Revisions {
+    shards: Vec<u64>,
+    resume: u64,
+    leader: u64,
+}
+
+impl Default for Revisions {
+    fn default() -> Self {
+        Revisions {
+            shards: vec![ABSENT; SHARDS],
+            resume: ABSENT,
+            leader: ABSENT,
+        }
+    }
+}
+
+/// The revisions a write left, key by key, whether or not all of it succeeded.
+#[derive(Debug, Default)]
+struct Written {
+    shards: Vec<(usize, u64)>,
+    resume: Option<u64>,
+    leader: Option<u64>,
 }
 
 /// A write that failed: the error, and what it was to write, to be written again.
@@ -128,14 +170,19 @@ struct WriteFailed {
     resume: bool,
 }
 
-/// One write: shards to put (or purge, when empty), stale keys to purge, the resume revision.
+/// One write: shards to put (an empty value for a shard left without pods), stale keys to
+/// purge, the resume revision, each at the KV revision expected.
 #[derive(Default)]
 struct Write {
-    /// Each shard's pods (their events, shared, not copied): encoded only as it is written,
-    /// so a write holds a few shard values at a time, not the whole checkpoint twice.
-    shards: Vec<(usize, Vec<Bytes>)>,
+    /// Each shard's pods (their events, shared, not copied) and expected revision: encoded
+    /// only as it is written, so a write holds a few shard values at a time, not the whole
+    /// checkpoint twice.
+    shards: Vec<(usize, Vec<Bytes>, u64)>,
     stale: Vec<String>,
-    resume: Option<u64>,
+    resume: Option<(u64, u64)>,
+    /// The `leader` value and its expected revision: set first, proving the claim holds.
+    claim: Option<(Bytes, u64)>,
+    fence: Fence,
 }
 
 impl Write {
@@ -145,12 +192,14 @@ impl Write {
 }
 
 impl Checkpoint {
-    /// Opens (or creates) the bucket; background writes start at most once per `interval`.
+    /// Opens (or creates) the bucket; background writes start at most once per `interval`,
+    /// and only while `fence` holds.
     pub async fn open(
         js: &jetstream::Context,
         bucket: &str,
         replicas: usize,
         interval: Duration,
+        fence: Fence,
     ) -> anyhow::Result<Checkpoint> {
         let config = kv::Config {
             bucket: bucket.to_owned(),
@@ -173,10 +222,49 @@ impl Checkpoint {
             stale: Vec::new(),
             resume: None,
             resume_dirty: false,
+            revisions: Revisions::default(),
+            claim: None,
+            fence,
             interval,
             last_write: None,
             in_flight: None,
         })
+    }
+
+    /// Claims the checkpoint for `identity`: the `leader` key gets the next term, set at the
+    /// revision just read, so of two ingests claiming at once one is [`Deposed`]. Every later
+    /// write proves the claim still holds. Returns the term.
+    pub async fn claim(&mut self, identity: &str) -> anyhow::Result<u64> {
+        let current = self
+            .kv
+            .entry(LEADER_KEY)
+            .await
+            .context("reading the checkpoint's leader")?;
+        let (term, revision) = match &current {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                let term = std::str::from_utf8(&entry.value)
+                    .ok()
+                    .and_then(|v| v.split(' ').next())
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .unwrap_or(0);
+                (term + 1, entry.revision)
+            }
+            Some(entry) => (1, entry.revision),
+            None => (1, ABSENT),
+        };
+        let value = Bytes::from(format!("{term} {identity}"));
+        match self.kv.update(LEADER_KEY, value.clone(), revision).await {
+            Ok(revision) => {
+                self.revisions.leader = revision;
+                self.claim = Some(value);
+                tracing::info!(term, %identity, "checkpoint claimed");
+                Ok(term)
+            }
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                Err(Deposed("another ingest claimed the checkpoint at the same time".into()).into())
+            }
+            Err(error) => Err(anyhow::Error::new(error).context("claiming the checkpoint")),
+        }
     }
 
     /// Reads everything back. An entry that does not decode is skipped with a warning: its
@@ -210,19 +298,22 @@ impl Checkpoint {
             let entry = entry.context("reading checkpoint")?;
             let live = entry.operation == kv::Operation::Put;
             if entry.key == RESUME_KEY {
+                self.revisions.resume = entry.revision;
                 restored.resume = std::str::from_utf8(&entry.value)
                     .ok()
                     .and_then(|v| v.parse().ok());
-            } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX)
-                && live
-            {
-                if !shard.parse::<usize>().is_ok_and(|s| s < SHARDS) {
-                    self.stale.push(entry.key.clone());
+            } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX) {
+                match shard.parse::<usize>() {
+                    Ok(index) if index < SHARDS => self.revisions.shards[index] = entry.revision,
+                    _ if live => self.stale.push(entry.key.clone()),
+                    _ => {}
                 }
-                match decode_shard(&entry.value) {
-                    Ok(events) => sharded.extend(events.into_iter().filter_map(keyed)),
-                    Err(error) => {
-                        tracing::warn!(key = %entry.key, %error, "checkpoint shard unreadable; its pods count as unknown")
+                if live {
+                    match decode_shard(&entry.value) {
+                        Ok(events) => sharded.extend(events.into_iter().filter_map(keyed)),
+                        Err(error) => {
+                            tracing::warn!(key = %entry.key, %error, "checkpoint shard unreadable; its pods count as unknown")
+                        }
                     }
                 }
             }
@@ -288,8 +379,21 @@ impl Checkpoint {
         self.settle(done)
     }
 
-    /// The result of a write; what a failed one was to write is marked for the next.
-    fn settle(&mut self, done: Result<(), WriteFailed>) -> anyhow::Result<()> {
+    /// The result of a write: the revisions it left, and what a failed one was to write is
+    /// marked for the next.
+    fn settle(
+        &mut self,
+        (written, done): (Written, Result<(), WriteFailed>),
+    ) -> anyhow::Result<()> {
+        for (shard, revision) in written.shards {
+            self.revisions.shards[shard] = revision;
+        }
+        if let Some(revision) = written.resume {
+            self.revisions.resume = revision;
+        }
+        if let Some(revision) = written.leader {
+            self.revisions.leader = revision;
+        }
         let Err(failed) = done else { return Ok(()) };
         for shard in failed.shards {
             self.mark(shard);
@@ -333,15 +437,27 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(self.dirty_list.len());
         for shard in self.dirty_list.drain(..) {
             self.dirty[shard] = false;
-            shards.push((shard, self.shards[shard].values().cloned().collect()));
+            shards.push((
+                shard,
+                self.shards[shard].values().cloned().collect(),
+                self.revisions.shards[shard],
+            ));
         }
-        let resume = if self.resume_dirty { self.resume } else { None };
+        let resume = match (self.resume_dirty, self.resume) {
+            (true, Some(rv)) => Some((rv, self.revisions.resume)),
+            _ => None,
+        };
         self.resume_dirty = false;
         Write {
             shards,
             // Purged after the shards that replace them are written.
             stale: std::mem::take(&mut self.stale),
             resume,
+            claim: self
+                .claim
+                .clone()
+                .map(|value| (value, self.revisions.leader)),
+            fence: self.fence.clone(),
         }
     }
 }
@@ -358,56 +474,91 @@ fn keyed(encoded: Bytes) -> Option<(String, (PodEvent, Bytes))> {
     }
 }
 
-/// Writes the shards, then purges stale keys, then the resume revision (only once the pods
-/// it covers are written).
-async fn write_out(kv: kv::Store, write: Write) -> Result<(), WriteFailed> {
+/// Sets `key` to `value` if it is still at `revision`; a key moved by someone else means this
+/// writer is [`Deposed`].
+async fn compare_and_set(
+    kv: &kv::Store,
+    key: &str,
+    value: Bytes,
+    revision: u64,
+) -> anyhow::Result<u64> {
+    match kv.update(key, value, revision).await {
+        Ok(revision) => Ok(revision),
+        Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(Deposed(
+            format!("the checkpoint key {key} was written by another ingest"),
+        )
+        .into()),
+        Err(error) => Err(anyhow::Error::new(error).context(format!("writing {key}"))),
+    }
+}
+
+/// Proves the claim (the `leader` key), writes the shards, then purges stale keys, then the
+/// resume revision (only once the pods it covers are written); nothing once the fence closed.
+async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFailed>) {
     let kv = &kv;
     let resume = write.resume;
-    let written: Vec<usize> = write.shards.iter().map(|(shard, _)| *shard).collect();
+    let all_shards: Vec<usize> = write.shards.iter().map(|(shard, _, _)| *shard).collect();
     let failure = |error: anyhow::Error, stale: Vec<String>| WriteFailed {
         error,
-        shards: written.clone(),
+        shards: all_shards.clone(),
         stale,
         resume: resume.is_some(),
     };
-    let results: Vec<anyhow::Result<()>> = futures::stream::iter(write.shards)
-        .map(|(shard, pods)| async move {
-            let key = shard_key(shard);
-            if pods.is_empty() {
-                kv.purge(&key)
-                    .await
-                    .with_context(|| format!("purging {key}"))
-            } else {
-                kv.put(&key, encode_shard(&pods))
-                    .await
-                    .map(|_| ())
-                    .with_context(|| format!("writing {key}"))
-            }
+    let mut written = Written::default();
+    if let Err(deposed) = write.fence.check() {
+        return (written, Err(failure(deposed.into(), write.stale)));
+    }
+    if let Some((value, revision)) = write.claim {
+        match compare_and_set(kv, LEADER_KEY, value, revision).await {
+            Ok(revision) => written.leader = Some(revision),
+            Err(error) => return (written, Err(failure(error, write.stale))),
+        }
+    }
+    let results: Vec<(usize, anyhow::Result<u64>)> = futures::stream::iter(write.shards)
+        .map(|(shard, pods, revision)| async move {
+            let value = encode_shard(&pods);
+            (
+                shard,
+                compare_and_set(kv, &shard_key(shard), value, revision).await,
+            )
         })
         .buffer_unordered(FLUSH_CONCURRENCY)
         .collect()
         .await;
-    if let Some(Err(error)) = results.into_iter().find(Result::is_err) {
-        return Err(failure(error, write.stale));
+    let mut first_error = None;
+    for (shard, result) in results {
+        match result {
+            Ok(revision) => written.shards.push((shard, revision)),
+            Err(error) => {
+                // A deposed writer's error wins over a passing one: it stops the ingest.
+                if first_error.is_none() || error.is::<Deposed>() {
+                    first_error = Some(error);
+                }
+            }
+        }
+    }
+    if let Some(error) = first_error {
+        return (written, Err(failure(error, write.stale)));
     }
     for (index, key) in write.stale.iter().enumerate() {
         if let Err(error) = kv.purge(key).await {
             let left = write.stale[index..].to_vec();
-            return Err(failure(
-                anyhow::Error::new(error).context(format!("purging {key}")),
-                left,
-            ));
+            return (
+                written,
+                Err(failure(
+                    anyhow::Error::new(error).context(format!("purging {key}")),
+                    left,
+                )),
+            );
         }
     }
-    if let Some(rv) = resume
-        && let Err(error) = kv.put(RESUME_KEY, Bytes::from(rv.to_string())).await
-    {
-        return Err(failure(
-            anyhow::Error::new(error).context("writing the resume revision"),
-            Vec::new(),
-        ));
+    if let Some((rv, revision)) = resume {
+        match compare_and_set(kv, RESUME_KEY, Bytes::from(rv.to_string()), revision).await {
+            Ok(revision) => written.resume = Some(revision),
+            Err(error) => return (written, Err(failure(error, Vec::new()))),
+        }
     }
-    Ok(())
+    (written, Ok(()))
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //! - [`listing`]: what one watched scope's list is doing (held back or streaming), as a
 //!   state machine.
 //! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
-//!   checkpoint; [`service`]: `podstream ingest`, the watch loop that ties them together.
+//!   checkpoint; [`leadership`]: the Lease that elects one ingest, and its write fence;
+//!   [`service`]: `podstream ingest`, the watch loop that ties them together.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
 //!   projection needs (`decide`'s fast path).
 //! - [`watched_pod`]: the pod type the ingest watches: projected as it is read, kept as text
@@ -17,6 +18,7 @@
 
 pub mod checkpoint;
 pub mod known;
+pub mod leadership;
 pub mod listing;
 pub mod pod_json;
 pub mod projection;

@@ -16,6 +16,7 @@ use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 
 use crate::known::Outgoing;
+use crate::leadership::Fence;
 
 /// A message for the bus: a pod event or a dead letter.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,17 +71,22 @@ pub struct Publisher {
     in_flight: VecDeque<InFlight>,
     acked: Vec<Acked>,
     duplicates: u64,
+    /// Nothing is sent once it closes.
+    fence: Fence,
+    deposed: bool,
 }
 
 impl Publisher {
-    /// A publisher on a JetStream context.
-    pub fn new(js: jetstream::Context, window: usize) -> Publisher {
+    /// A publisher on a JetStream context that sends only while `fence` holds.
+    pub fn new(js: jetstream::Context, window: usize, fence: Fence) -> Publisher {
         Publisher {
             js,
             window: window.max(1),
             in_flight: VecDeque::new(),
             acked: Vec::new(),
             duplicates: 0,
+            fence,
+            deposed: false,
         }
     }
 
@@ -100,10 +106,28 @@ impl Publisher {
         self.acked.drain(..)
     }
 
-    /// Sends a message, first waiting for the oldest acks while the window is full.
+    /// Whether the fence closed: messages were dropped unsent since, and the ingest must stop.
+    pub fn deposed(&self) -> bool {
+        self.deposed
+    }
+
+    /// `false` (and deposed from now on) once the fence closed.
+    fn may_send(&mut self) -> bool {
+        if !self.deposed && !self.fence.holds() {
+            tracing::warn!("the write fence closed; publishing stops");
+            self.deposed = true;
+        }
+        !self.deposed
+    }
+
+    /// Sends a message, first waiting for the oldest acks while the window is full. Once the
+    /// fence closed, the message is dropped: a deposed leader publishes nothing.
     pub async fn publish(&mut self, message: Message) {
         while self.in_flight.len() >= self.window {
             self.settle_oldest().await;
+        }
+        if !self.may_send() {
+            return;
         }
         let sent = self
             .js
@@ -171,6 +195,9 @@ impl Publisher {
         for message in pending {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             let ack = loop {
+                if !self.may_send() {
+                    return;
+                }
                 let attempt = async {
                     let ack = self
                         .js

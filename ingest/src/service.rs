@@ -1,7 +1,7 @@
 //! `podstream ingest`: watch every worker pod, publish each event once, checkpoint, repeat.
 //!
-//! Start: connect to NATS (retrying), make the streams and the checkpoint bucket ready, load
-//! the checkpoint. Then kube-runtime's `watcher` lists and watches. Every list (the first, and
+//! Start: connect to NATS (retrying), make the streams and the checkpoint bucket ready, wait
+//! to lead (see [`crate::leadership`]), claim and load the checkpoint. Then kube-runtime's `watcher` lists and watches. Every list (the first, and
 //! one after each 410) is held back until it is complete, and then:
 //! 1. if the ingest knows a revision it had reached (from the checkpoint, or its own watch),
 //!    the apiserver's history since that revision is replayed with a short watch, so changes
@@ -29,6 +29,7 @@ use podstream_proto::v1::EventType;
 
 use crate::checkpoint::Checkpoint;
 use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
+use crate::leadership::{self, Deposed, Fence, Leadership, LeaseConfig};
 use crate::listing::{FinishedList, ListAction, ListInput, ListState};
 use crate::projection::OWNER_LABEL;
 use crate::publisher::{Acked, Message, Publisher};
@@ -63,6 +64,9 @@ pub struct IngestConfig {
     pub checkpoint_bucket: String,
     /// How often the checkpoint is written at most (see [`crate::checkpoint`]).
     pub checkpoint_interval: Duration,
+    /// The Lease that elects one ingest among replicas; `None` runs without an election
+    /// (one ingest per cluster, or the demo).
+    pub lease: Option<LeaseConfig>,
 }
 
 impl Default for IngestConfig {
@@ -74,6 +78,7 @@ impl Default for IngestConfig {
             ack_window: DEFAULT_ACK_WINDOW,
             checkpoint_bucket: DEFAULT_CHECKPOINT_BUCKET.into(),
             checkpoint_interval: Duration::from_millis(DEFAULT_CHECKPOINT_INTERVAL_MS),
+            lease: None,
         }
     }
 }
@@ -172,23 +177,42 @@ pub async fn run(
     )
     .await?;
     fits_the_duplicate_window(config.checkpoint_interval, pods.duplicate_window)?;
+    tokio::pin!(shutdown);
+    // A standby waits here, connected; SIGTERM ends the wait.
+    let mut leadership = match &config.lease {
+        Some(lease) => tokio::select! {
+            led = Leadership::acquire(kube.clone(), lease) => Some(led?),
+            _ = &mut shutdown => return Ok(IngestStats::default()),
+        },
+        None => None,
+    };
+    let fence = leadership
+        .as_ref()
+        .map_or_else(Fence::open, |led| led.fence.clone());
     let mut checkpoint = Checkpoint::open(
         &js,
         &config.checkpoint_bucket,
         pods.num_replicas,
         config.checkpoint_interval,
+        fence.clone(),
     )
     .await?;
+    let identity = config
+        .lease
+        .as_ref()
+        .map_or_else(leadership::identity, |lease| lease.identity.clone());
+    checkpoint.claim(&identity).await?;
     let restored = checkpoint.load().await?;
     tracing::info!(pods = restored.pods.len(), resume = ?restored.resume, "checkpoint loaded");
     let mut ingest = Ingest {
         cursor: None,
         subjects,
         known: KnownPods::from_events(restored.pods),
-        publisher: Publisher::new(js, config.ack_window),
+        publisher: Publisher::new(js, config.ack_window, fence),
         checkpoint,
         stats: IngestStats::default(),
         staged: Vec::with_capacity(BURST),
+        deposed: None,
     };
     let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
         vec![None]
@@ -207,14 +231,20 @@ pub async fn run(
         .collect();
 
     ingest.cursor = restored.resume;
-    tokio::pin!(shutdown);
     let mut events = read_ahead(watch_all(&apis, ingest.subjects.clone()), READ_AHEAD);
     let mut lists: Vec<ListState<Projected>> =
         (0..apis.len()).map(|_| ListState::Watching).collect();
     let mut tick = tokio::time::interval(ACK_POLL);
     loop {
+        if let Some(deposed) = ingest.deposed() {
+            // Written nothing since the fence closed; exiting makes this a fresh standby.
+            return Err(deposed);
+        }
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = lost(&mut leadership) => {
+                return Err(Deposed("the lease was lost to another ingest".into()).into());
+            }
             _ = tick.tick() => ingest.checkpoint_acked().await,
             item = events.recv() => {
                 let Some(first) = item else { break };
@@ -246,7 +276,19 @@ pub async fn run(
             }
         }
     }
-    ingest.stop().await
+    let stats = ingest.stop().await;
+    if let Some(leadership) = leadership {
+        leadership.release().await;
+    }
+    stats
+}
+
+/// Resolves when a held lease is lost; never without an election.
+async fn lost(leadership: &mut Option<Leadership>) {
+    match leadership {
+        Some(leadership) => leadership.lost().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A watch item as the publishing loop takes it: its pod already projected.
@@ -366,6 +408,8 @@ struct Ingest {
     stats: IngestStats,
     /// Messages made and not yet sent, in order.
     staged: Vec<Message>,
+    /// Why this ingest may write nothing more, once the checkpoint said so.
+    deposed: Option<anyhow::Error>,
 }
 
 impl Ingest {
@@ -507,15 +551,33 @@ impl Ingest {
     async fn checkpoint_acked(&mut self) {
         self.publisher.poll_acked().await;
         self.record_acked();
-        if let Some(error) = self.checkpoint.flush_in_background() {
+        match self.checkpoint.flush_in_background() {
+            Some(error) if error.is::<Deposed>() => self.deposed = Some(error),
             // A stale checkpoint only means republishing (deduplicated) after a restart.
-            tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry");
+            Some(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry")
+            }
+            None => {}
         }
+    }
+
+    /// Why this ingest must stop writing, if it must: its fence closed, or another ingest
+    /// wrote the checkpoint.
+    fn deposed(&mut self) -> Option<anyhow::Error> {
+        if let Some(deposed) = self.deposed.take() {
+            return Some(deposed);
+        }
+        self.publisher
+            .deposed()
+            .then(|| Deposed("the lease ran out before it was renewed".into()).into())
     }
 
     async fn stop(mut self) -> anyhow::Result<IngestStats> {
         self.publisher.drain().await;
         self.record_acked();
+        if let Some(deposed) = self.deposed() {
+            return Err(deposed);
+        }
         self.checkpoint.flush().await?;
         tracing::info!(
             published = self.stats.published,

@@ -88,7 +88,9 @@ pub fn apply(
     manager: &FieldManager,
 ) -> Result<Value, ApiError> {
     if !applied.is_object() {
-        return Err(ApiError::bad_request("an apply patch must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "an apply patch must be a JSON object",
+        ));
     }
     let empty = json!({});
     let live = live.unwrap_or(&empty);
@@ -426,7 +428,10 @@ mod tests {
     fn a_field_removed_by_an_update_frees_it_for_the_next_applier() {
         let a = apply(None, &lease(Some("a")), &manager("a", false)).unwrap();
         let mut released = a.clone();
-        released["spec"].as_object_mut().unwrap().remove("holderIdentity");
+        released["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("holderIdentity");
         record_update(&a, &mut released, &manager("b", false));
         let b = apply(Some(&released), &lease(Some("b")), &manager("b", false)).unwrap();
         assert_eq!(b["spec"]["holderIdentity"], "b");

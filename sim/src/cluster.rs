@@ -314,8 +314,7 @@ impl Cluster {
             if wanted.is_some() && wanted != current {
                 return Err(conflict(key));
             }
-            let mut new =
-                object::prepare_update(key.resource, old, patched, status_subresource)?;
+            let mut new = object::prepare_update(key.resource, old, patched, status_subresource)?;
             apply::record_update(old, &mut new, manager);
             Ok(new)
         })

@@ -11,10 +11,10 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::apply::FieldManager;
 use crate::cluster::{Cluster, DeleteOptions, Deletion, ListQuery, ResourceVersionMatch};
 use crate::discovery;
 use crate::object::{Key, Stored};
-use crate::apply::FieldManager;
 use crate::patch::PatchType;
 use crate::protobuf;
 use crate::query::Query;
@@ -253,12 +253,8 @@ fn serve(state: &AppState, target: &Target, request: &Request<'_>) -> Result<Res
         }
         (Some(name), Method::PUT) => {
             let value = parse_body(headers, body)?;
-            let stored = cluster.replace(
-                &key(target, name),
-                value,
-                status_sub,
-                &field_manager(query),
-            )?;
+            let stored =
+                cluster.replace(&key(target, name), value, status_sub, &field_manager(query))?;
             Ok(object_response(StatusCode::OK, &stored, format))
         }
         (Some(name), Method::PATCH) => {

@@ -10,6 +10,7 @@ pub struct Component {
     binary: PathBuf,
     args: Vec<String>,
     kubeconfig: String,
+    env: Vec<(String, String)>,
 }
 
 impl Component {
@@ -18,14 +19,53 @@ impl Component {
     /// # Panics
     /// When it cannot be started.
     pub fn start(binary: &Path, args: &[&str], kubeconfig: &Path) -> Component {
+        Component::start_with_env(binary, args, kubeconfig, &[])
+    }
+
+    /// [`Component::start`] with more environment variables, kept for restarts.
+    ///
+    /// # Panics
+    /// When it cannot be started.
+    pub fn start_with_env(
+        binary: &Path,
+        args: &[&str],
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+    ) -> Component {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let kubeconfig = kubeconfig.display().to_string();
-        let child = spawn(binary, &args, &kubeconfig);
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let child = spawn(binary, &args, &kubeconfig, &env);
         Component {
             child,
             binary: binary.to_owned(),
             args,
             kubeconfig,
+            env,
+        }
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, name: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// The exit status if the process ends within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -42,7 +82,7 @@ impl Component {
 
     /// The same command again, after [`Component::kill`].
     pub fn restart(&mut self) {
-        self.child = spawn(&self.binary, &self.args, &self.kubeconfig);
+        self.child = spawn(&self.binary, &self.args, &self.kubeconfig, &self.env);
     }
 
     /// SIGKILL, then the same command again.
@@ -56,21 +96,10 @@ impl Component {
     /// # Panics
     /// When it does not stop within 20 s.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{:?} did not stop on SIGTERM",
-                self.args
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.signal("TERM");
+        let args = self.args.clone();
+        self.wait_exit(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("{args:?} did not stop on SIGTERM"))
     }
 }
 
@@ -81,9 +110,10 @@ impl Drop for Component {
     }
 }
 
-fn spawn(binary: &Path, args: &[String], kubeconfig: &str) -> Child {
+fn spawn(binary: &Path, args: &[String], kubeconfig: &str, env: &[(String, String)]) -> Child {
     Command::new(binary)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("KUBECONFIG", kubeconfig)
         .env(
             "PODSTREAM_LOG",

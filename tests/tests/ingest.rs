@@ -776,3 +776,146 @@ async fn a_conflicting_stream_is_refused_with_a_clear_error() {
         "{message}"
     );
 }
+
+/// The Lease's holder, if any.
+fn lease_holder(cluster: &Cluster) -> Option<String> {
+    let key = podstream_sim::object::Key::new(
+        podstream_sim::resource::Resource::Leases,
+        "default",
+        podstream_ingest::leadership::DEFAULT_LEASE_NAME,
+    );
+    let lease = cluster.get(&key).ok()?.value().ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// Three ingest processes elect one through the simulator's Lease. The leader is killed twice
+/// during churn, then one is stopped (SIGSTOP) past its lease and woken: every change is in
+/// the stream once, in per-pod order, each takeover comes within 15 s, and the woken leader
+/// exits without writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ingests_one_leader_killed_and_paused_every_change_once() {
+    use podstream_tests::component::Component;
+    use std::time::Instant;
+
+    let (sim, dir) = podstream_tests::recovery::simulator().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let names = ["ingest-a", "ingest-b", "ingest-c"];
+    let mut ingests: Vec<Component> = names
+        .iter()
+        .map(|name| {
+            Component::start_with_env(
+                podstream_tests::podstream_binary(),
+                &["ingest", "--nats", &url, "--checkpoint-interval-ms", "200"],
+                &kubeconfig,
+                &[("POD_NAME", name)],
+            )
+        })
+        .collect();
+    let cluster = sim.cluster().clone();
+    let mut scenario = Scenario::new(&cluster);
+    wait_until_watching(&js, &mut scenario).await;
+    let leader = |cluster: &Cluster| -> Option<usize> {
+        let holder = lease_holder(cluster)?;
+        names
+            .iter()
+            .position(|name| holder.starts_with(&format!("{name}_")))
+    };
+
+    let pods = 400;
+    let mut order: Vec<(usize, usize)> = (0..STEPS)
+        .flat_map(|s| (0..pods).map(move |i| (i, s)))
+        .collect();
+    order.sort_by_key(|&(i, s)| (s * pods + (i * 7919) % pods, i));
+    let mut steps = order.into_iter();
+
+    // Kill, kill, pause: each waits for the previous takeover and a few seconds of churn.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fault {
+        Kill,
+        Pause,
+    }
+    let mut faults = vec![Fault::Kill, Fault::Kill, Fault::Pause].into_iter();
+    let mut next_fault_at = Instant::now() + Duration::from_secs(3);
+    let mut pending: Option<(Fault, usize, Instant)> = None;
+    let mut takeovers = Vec::new();
+    let mut paused_exit = None;
+    loop {
+        if let Some((i, s)) = steps.next() {
+            scenario.step(i, s);
+        }
+        let now = Instant::now();
+        match pending {
+            None if now >= next_fault_at => match faults.next() {
+                Some(fault) => {
+                    let current = leader(&cluster).expect("a leader holds the lease");
+                    match fault {
+                        Fault::Kill => ingests[current].kill(),
+                        Fault::Pause => ingests[current].signal("STOP"),
+                    }
+                    pending = Some((fault, current, now));
+                }
+                None if paused_exit.is_some() => break,
+                None => {}
+            },
+            Some((fault, old, at)) => {
+                if let Some(new) = leader(&cluster).filter(|&new| new != old) {
+                    let took = at.elapsed();
+                    takeovers.push(took);
+                    eprintln!(
+                        "{fault:?} of {}: {} took over in {took:?}",
+                        names[old], names[new]
+                    );
+                    match fault {
+                        Fault::Kill => ingests[old].restart(),
+                        Fault::Pause => {
+                            ingests[old].signal("CONT");
+                            paused_exit = Some(ingests[old].wait_exit(Duration::from_secs(15)));
+                            ingests[old].restart();
+                        }
+                    }
+                    pending = None;
+                    next_fault_at = Instant::now() + Duration::from_secs(3);
+                } else {
+                    assert!(
+                        at.elapsed() < Duration::from_secs(30),
+                        "no takeover 30 s after the {fault:?} of {}",
+                        names[old]
+                    );
+                }
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, s) in steps {
+        scenario.step(i, s);
+    }
+
+    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
+    bus::settle(
+        &js,
+        PODS,
+        expected,
+        Duration::from_millis(1500),
+        Duration::from_secs(90),
+    )
+    .await;
+    let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
+    assert_exactly(&events, &scenario.facts);
+
+    assert_eq!(takeovers.len(), 3);
+    for took in &takeovers {
+        assert!(*took <= Duration::from_secs(15), "takeovers: {takeovers:?}");
+    }
+    let woken = paused_exit.flatten().expect("the woken old leader exits");
+    assert!(
+        !woken.success(),
+        "a deposed leader exits with an error: {woken:?}"
+    );
+    for ingest in ingests {
+        ingest.terminate();
+    }
+}
