@@ -410,13 +410,19 @@ impl Checkpoint {
     /// failed.
     pub fn flush_in_background(&mut self) -> Option<anyhow::Error> {
         let mut failed = None;
-        if let Some(running) = self.in_flight.take() {
-            if !running.is_finished() {
-                self.in_flight = Some(running);
-                return None;
-            }
-            if let Some(Ok(done)) = futures::FutureExt::now_or_never(running) {
-                failed = self.settle(done).err();
+        if let Some(mut running) = self.in_flight.take() {
+            // A finished task can still poll as pending (Tokio's cooperative budget): then it
+            // is kept, never dropped with the revisions it wrote.
+            match futures::FutureExt::now_or_never(&mut running) {
+                None => {
+                    self.in_flight = Some(running);
+                    return None;
+                }
+                Some(Ok(done)) => failed = self.settle(done).err(),
+                Some(Err(panicked)) => {
+                    failed =
+                        Some(anyhow::Error::new(panicked).context("checkpoint writer panicked"))
+                }
             }
         }
         if self
@@ -474,21 +480,120 @@ fn keyed(encoded: Bytes) -> Option<(String, (PodEvent, Bytes))> {
     }
 }
 
-/// Sets `key` to `value` if it is still at `revision`; a key moved by someone else means this
-/// writer is [`Deposed`].
+/// A compare-and-set that did not happen.
+enum Refused {
+    /// The key is not at the revision expected: someone wrote it, or a write of ours whose
+    /// ack was lost did.
+    Moved,
+    /// Anything else (NATS down, a timeout): retried with the next write.
+    Failed(anyhow::Error),
+}
+
+/// Sets `key` to `value` if it is still at `revision`; the new revision.
 async fn compare_and_set(
     kv: &kv::Store,
     key: &str,
     value: Bytes,
     revision: u64,
-) -> anyhow::Result<u64> {
+) -> Result<u64, Refused> {
     match kv.update(key, value, revision).await {
         Ok(revision) => Ok(revision),
-        Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(Deposed(
-            format!("the checkpoint key {key} was written by another ingest"),
-        )
-        .into()),
-        Err(error) => Err(anyhow::Error::new(error).context(format!("writing {key}"))),
+        Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(Refused::Moved),
+        Err(error) => Err(Refused::Failed(
+            anyhow::Error::new(error).context(format!("writing {key}")),
+        )),
+    }
+}
+
+/// After a key moved under this writer: if the `leader` key still holds this writer's claim,
+/// nobody else writes (the move was a write of ours whose ack was lost), and the keys'
+/// current revisions are taken for the next write; otherwise this writer is [`Deposed`].
+async fn still_ours(
+    kv: &kv::Store,
+    claim: Option<&Bytes>,
+    moved: &[String],
+) -> anyhow::Result<Vec<(String, u64)>> {
+    let leader = kv
+        .entry(LEADER_KEY)
+        .await
+        .context("reading the checkpoint's leader")?;
+    let ours = matches!((&leader, claim), (Some(entry), Some(claim)) if entry.value == *claim);
+    if !ours {
+        let by = leader
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned())
+            .unwrap_or_default();
+        return Err(Deposed(format!("another ingest claimed the checkpoint ({by})")).into());
+    }
+    let mut current = Vec::with_capacity(moved.len());
+    for key in moved {
+        let revision = if key == LEADER_KEY {
+            leader.as_ref().map_or(ABSENT, |entry| entry.revision)
+        } else {
+            kv.entry(key.as_str())
+                .await
+                .with_context(|| format!("reading {key}"))?
+                .map_or(ABSENT, |entry| entry.revision)
+        };
+        current.push((key.clone(), revision));
+    }
+    Ok(current)
+}
+
+/// The compare-and-sets of one phase of a write that did not happen.
+#[derive(Default)]
+struct Refusals {
+    moved: Vec<String>,
+    failed: Option<anyhow::Error>,
+}
+
+impl Refusals {
+    fn note(&mut self, key: String, refused: Refused) {
+        match refused {
+            Refused::Moved => self.moved.push(key),
+            Refused::Failed(error) => {
+                self.failed.get_or_insert(error);
+            }
+        }
+    }
+
+    fn is_clear(&self) -> bool {
+        self.moved.is_empty() && self.failed.is_none()
+    }
+
+    /// The error to report: [`Deposed`] when a moved key was another writer's; otherwise the
+    /// moved keys' current revisions go into `written` (to be rewritten at them next time).
+    async fn settle(
+        self,
+        kv: &kv::Store,
+        claim: Option<&Bytes>,
+        written: &mut Written,
+    ) -> anyhow::Error {
+        if !self.moved.is_empty() {
+            match still_ours(kv, claim, &self.moved).await {
+                Ok(current) => {
+                    tracing::warn!(
+                        keys = current.len(),
+                        "checkpoint keys at newer revisions than expected (a lost ack); rewriting them"
+                    );
+                    for (key, revision) in current {
+                        if key == LEADER_KEY {
+                            written.leader = Some(revision);
+                        } else if key == RESUME_KEY {
+                            written.resume = Some(revision);
+                        } else if let Some(shard) = key
+                            .strip_prefix(SHARD_PREFIX)
+                            .and_then(|s| s.parse::<usize>().ok())
+                        {
+                            written.shards.push((shard, revision));
+                        }
+                    }
+                }
+                Err(error) => return error,
+            }
+        }
+        self.failed.unwrap_or_else(|| {
+            anyhow::anyhow!("checkpoint keys moved by a write of ours; rewritten next time")
+        })
     }
 }
 
@@ -496,8 +601,14 @@ async fn compare_and_set(
 /// resume revision (only once the pods it covers are written); nothing once the fence closed.
 async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFailed>) {
     let kv = &kv;
-    let resume = write.resume;
-    let all_shards: Vec<usize> = write.shards.iter().map(|(shard, _, _)| *shard).collect();
+    let Write {
+        shards,
+        stale,
+        resume,
+        claim,
+        fence,
+    } = write;
+    let all_shards: Vec<usize> = shards.iter().map(|(shard, _, _)| *shard).collect();
     let failure = |error: anyhow::Error, stale: Vec<String>| WriteFailed {
         error,
         shards: all_shards.clone(),
@@ -505,57 +616,55 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
         resume: resume.is_some(),
     };
     let mut written = Written::default();
-    if let Err(deposed) = write.fence.check() {
-        return (written, Err(failure(deposed.into(), write.stale)));
+    if let Err(deposed) = fence.check() {
+        return (written, Err(failure(deposed.into(), stale)));
     }
-    if let Some((value, revision)) = write.claim {
+    let claimed = claim.as_ref().map(|(value, _)| value.clone());
+    let mut refusals = Refusals::default();
+    if let Some((value, revision)) = claim {
         match compare_and_set(kv, LEADER_KEY, value, revision).await {
             Ok(revision) => written.leader = Some(revision),
-            Err(error) => return (written, Err(failure(error, write.stale))),
+            Err(refused) => refusals.note(LEADER_KEY.to_owned(), refused),
         }
     }
-    let results: Vec<(usize, anyhow::Result<u64>)> = futures::stream::iter(write.shards)
-        .map(|(shard, pods, revision)| async move {
-            let value = encode_shard(&pods);
-            (
-                shard,
-                compare_and_set(kv, &shard_key(shard), value, revision).await,
-            )
-        })
-        .buffer_unordered(FLUSH_CONCURRENCY)
-        .collect()
-        .await;
-    let mut first_error = None;
-    for (shard, result) in results {
-        match result {
-            Ok(revision) => written.shards.push((shard, revision)),
-            Err(error) => {
-                // A deposed writer's error wins over a passing one: it stops the ingest.
-                if first_error.is_none() || error.is::<Deposed>() {
-                    first_error = Some(error);
-                }
+    if refusals.is_clear() {
+        let results: Vec<(usize, Result<u64, Refused>)> = futures::stream::iter(shards)
+            .map(|(shard, pods, revision)| async move {
+                let value = encode_shard(&pods);
+                (
+                    shard,
+                    compare_and_set(kv, &shard_key(shard), value, revision).await,
+                )
+            })
+            .buffer_unordered(FLUSH_CONCURRENCY)
+            .collect()
+            .await;
+        for (shard, result) in results {
+            match result {
+                Ok(revision) => written.shards.push((shard, revision)),
+                Err(refused) => refusals.note(shard_key(shard), refused),
             }
         }
     }
-    if let Some(error) = first_error {
-        return (written, Err(failure(error, write.stale)));
+    if !refusals.is_clear() {
+        let error = refusals.settle(kv, claimed.as_ref(), &mut written).await;
+        return (written, Err(failure(error, stale)));
     }
-    for (index, key) in write.stale.iter().enumerate() {
+    for (index, key) in stale.iter().enumerate() {
         if let Err(error) = kv.purge(key).await {
-            let left = write.stale[index..].to_vec();
-            return (
-                written,
-                Err(failure(
-                    anyhow::Error::new(error).context(format!("purging {key}")),
-                    left,
-                )),
-            );
+            let error = anyhow::Error::new(error).context(format!("purging {key}"));
+            return (written, Err(failure(error, stale[index..].to_vec())));
         }
     }
     if let Some((rv, revision)) = resume {
-        match compare_and_set(kv, RESUME_KEY, Bytes::from(rv.to_string()), revision).await {
+        let value = Bytes::from(rv.to_string());
+        match compare_and_set(kv, RESUME_KEY, value, revision).await {
             Ok(revision) => written.resume = Some(revision),
-            Err(error) => return (written, Err(failure(error, Vec::new()))),
+            Err(refused) => {
+                refusals.note(RESUME_KEY.to_owned(), refused);
+                let error = refusals.settle(kv, claimed.as_ref(), &mut written).await;
+                return (written, Err(failure(error, Vec::new())));
+            }
         }
     }
     (written, Ok(()))

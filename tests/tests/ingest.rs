@@ -919,3 +919,36 @@ async fn three_ingests_one_leader_killed_and_paused_every_change_once() {
         ingest.terminate();
     }
 }
+
+/// The checkpoint's fencing: a writer whose claim another ingest took is deposed at its next
+/// write; a key moved by a write of its own whose ack was lost is only rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_claimed_by_another_ingest_deposes_the_first_writer() {
+    use podstream_ingest::checkpoint::Checkpoint;
+    use podstream_ingest::leadership::{Deposed, Fence};
+
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let open = || Checkpoint::open(&js, "fencing", 1, Duration::from_millis(10), Fence::open());
+    let mut first = open().await.unwrap();
+    assert_eq!(first.claim("first").await.unwrap(), 1);
+    first.load().await.unwrap();
+    first.flush().await.unwrap();
+
+    // A write of the first's own lands but its ack is lost: the key moved, the claim is
+    // still the first's, so it is rewritten, not deposed.
+    let kv = js.get_key_value("fencing").await.unwrap();
+    let mine = kv.get("leader").await.unwrap().unwrap();
+    assert_eq!(&mine[..], b"1 first");
+    kv.put("leader", mine).await.unwrap();
+    let error = first.flush().await.unwrap_err();
+    assert!(!error.is::<Deposed>(), "{error:#}");
+    first.flush().await.unwrap();
+
+    let mut second = open().await.unwrap();
+    assert_eq!(second.claim("second").await.unwrap(), 2);
+    let error = first.flush().await.unwrap_err();
+    assert!(error.is::<Deposed>(), "{error:#}");
+    assert!(format!("{error:#}").contains("2 second"), "{error:#}");
+    second.flush().await.unwrap();
+}
