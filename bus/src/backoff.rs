@@ -1,32 +1,44 @@
 //! Exponential backoff between retries: every component's "wait, then try again".
+//!
+//! The delays come from `backon` with jitter: many instances that lost the same server at the
+//! same moment (every sink when the database fails over) do not come back in lockstep.
 
 use std::time::Duration;
 
-/// Delays that double from `initial` up to `max`.
-#[derive(Debug, Clone)]
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
+/// Delays that double from `initial` up to `max`, each stretched by a random part of itself
+/// (so a delay lies between its base and twice that).
+#[derive(Debug)]
 pub struct Backoff {
-    delay: Duration,
+    delays: ExponentialBackoff,
+    next: Duration,
     max: Duration,
 }
 
 impl Backoff {
-    /// Starts at `initial`, never waits longer than `max`.
+    /// Starts at `initial`; a base delay never exceeds `max`.
     pub fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            delay: initial,
-            max,
-        }
+        let mut delays = ExponentialBuilder::new()
+            .with_min_delay(initial)
+            .with_max_delay(max)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let next = delays.next().unwrap_or(max);
+        Backoff { delays, next, max }
     }
 
     /// The delay the next `wait` will sleep.
     pub fn delay(&self) -> Duration {
-        self.delay
+        self.next
     }
 
-    /// Sleeps for the current delay, then doubles it (up to the maximum).
+    /// Sleeps for the current delay, then moves to the next one.
     pub async fn wait(&mut self) {
-        tokio::time::sleep(self.delay).await;
-        self.delay = (self.delay * 2).min(self.max);
+        tokio::time::sleep(self.next).await;
+        self.next = self.delays.next().unwrap_or(self.max);
     }
 }
 
@@ -36,13 +48,21 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
-    async fn doubles_up_to_the_maximum() {
+    async fn doubles_up_to_the_maximum_with_jitter() {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
         let mut seen = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..40 {
             seen.push(backoff.delay().as_millis());
             backoff.wait().await;
         }
-        assert_eq!(seen, [100, 200, 350, 350]);
+        for (delay, base) in seen.iter().zip([100, 200, 350, 350]) {
+            assert!(
+                (base..2 * base).contains(delay),
+                "{delay} ms for a base of {base}"
+            );
+        }
+        assert!(seen[3..].iter().all(|d| (350..700).contains(d)));
+        let distinct: std::collections::HashSet<_> = seen[3..].iter().collect();
+        assert!(distinct.len() > 5, "jittered: {seen:?}");
     }
 }
