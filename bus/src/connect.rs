@@ -2,9 +2,15 @@
 
 use std::time::Duration;
 
-/// Connects to `url`, retrying with exponential backoff (up to 30 s between attempts) and
-/// logging every failed attempt. The client then reconnects by itself after a lost connection.
+/// Connects to `url` (one server, or several comma-separated: the members of a cluster),
+/// retrying with exponential backoff (up to 30 s between attempts) and logging every failed
+/// attempt. The client then reconnects by itself after a lost connection, to any member.
 pub async fn connect(url: &str, name: &str) -> async_nats::Client {
+    let servers: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|server| !server.is_empty())
+        .collect();
     let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     let mut attempt = 1u32;
     loop {
@@ -22,7 +28,7 @@ pub async fn connect(url: &str, name: &str) -> async_nats::Client {
                     other => tracing::debug!(%other, "NATS event"),
                 }
             });
-        match options.connect(url).await {
+        match options.connect(servers.as_slice()).await {
             Ok(client) => {
                 tracing::info!(url, "connected to NATS");
                 return client;

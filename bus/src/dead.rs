@@ -87,7 +87,16 @@ pub async fn store(js: &async_nats::jetstream::Context, dead: &DeadLetter) {
                 .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
         };
         match sent.await {
-            Ok(()) => return,
+            Ok(()) => {
+                let stage = dead
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                metrics::counter!(crate::metrics::DEAD_LETTERS, "stage" => stage).increment(1);
+                return;
+            }
             Err(error) => {
                 tracing::warn!(%error, subject = %dead.subject, "dead letter not stored; retrying");
                 backoff.wait().await;

@@ -1,6 +1,6 @@
 //! The NATS side every podstream component shares.
 //!
-//! - [`backoff`]: doubling delays between retries, shared by every retry loop.
+//! - [`backoff`]: doubling, jittered delays between retries, shared by every retry loop.
 //! - [`config`]: the bus configuration every component shares (server, prefix, stream
 //!   settings) and its defaults.
 //! - [`connect`]: connecting to NATS, retrying with backoff and saying so.
@@ -11,18 +11,23 @@
 //!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
+//! - [`health`]: the readiness conditions a component declares and flips.
+//! - [`metrics`]: the name of every exported metric.
 
 pub mod backoff;
 pub mod config;
 pub mod connect;
 pub mod dead;
+pub mod health;
 pub mod in_flight;
 pub mod local_server;
+pub mod metrics;
 pub mod role;
 pub mod streams;
 
 pub use backoff::Backoff;
 pub use config::BusConfig;
 pub use connect::connect;
+pub use health::{Condition, Health};
 pub use in_flight::{Held, InFlight, Inbox};
 pub use streams::{StreamError, StreamSettings};

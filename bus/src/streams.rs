@@ -43,6 +43,16 @@ pub enum StreamError {
         /// What differs.
         what: String,
     },
+    /// JetStream did not answer, or answered "not now" (a cluster electing its leader, a
+    /// server restarting): retried by [`ensure`] and [`bucket`].
+    #[error("stream {stream}: JetStream unavailable: {source}")]
+    Unavailable {
+        /// The stream's name.
+        stream: String,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The JetStream API refused or failed.
     #[error("stream {stream}: {source}")]
     Api {
@@ -84,8 +94,117 @@ pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSetti
 
 /// Creates the stream, or brings an existing one to the settings given; returns its
 /// configuration as the server now has it. Subjects, storage and retention are never changed
-/// on an existing stream: a difference there is a `Conflict`.
+/// on an existing stream: a difference there is a `Conflict`. While JetStream is unavailable
+/// (no answer, no leader yet) it retries with backoff, logging each attempt; a component's
+/// shutdown timeout bounds the wait.
 pub async fn ensure(
+    js: &jetstream::Context,
+    wanted: Wanted,
+) -> Result<stream::Config, StreamError> {
+    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    loop {
+        match ensure_once(js, wanted.clone()).await {
+            Err(StreamError::Unavailable { stream, source }) => {
+                tracing::warn!(%stream, error = %source, retry_in_ms = backoff.delay().as_millis() as u64, "JetStream unavailable; retrying");
+                backoff.wait().await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Runs `op` until it succeeds or fails for a reason other than JetStream being unavailable
+/// ([`is_unavailable`]), waiting with backoff between attempts and logging each; what a
+/// component sets up at start (consumers) goes through it, so a cluster still electing its
+/// leaders delays the start instead of ending it.
+pub async fn while_unavailable<T, E, F, Fut>(what: &str, mut op: F) -> Result<T, E>
+where
+    E: std::error::Error + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    loop {
+        match op().await {
+            Err(error) if is_unavailable(&error) => {
+                tracing::warn!(what, %error, retry_in_ms = backoff.delay().as_millis() as u64, "JetStream unavailable; retrying");
+                backoff.wait().await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether an error, or any error it was caused by, means "not now" rather than "no": no
+/// answer in time, nobody to answer, a cluster without its leader.
+pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+    use jetstream::context::{
+        CreateStreamErrorKind, GetStreamErrorKind, RequestError, RequestErrorKind,
+    };
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        let unavailable = if let Some(e) = error.downcast_ref::<RequestError>() {
+            matches!(
+                e.kind(),
+                RequestErrorKind::NoResponders | RequestErrorKind::TimedOut
+            )
+        } else if let Some(e) = error.downcast_ref::<jetstream::context::GetStreamError>() {
+            match e.kind() {
+                GetStreamErrorKind::Request => true,
+                GetStreamErrorKind::JetStream(inner) => {
+                    inner.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+                }
+                _ => false,
+            }
+        } else if let Some(e) = error.downcast_ref::<jetstream::context::CreateStreamError>() {
+            match e.kind() {
+                CreateStreamErrorKind::JetStreamUnavailable | CreateStreamErrorKind::TimedOut => {
+                    true
+                }
+                CreateStreamErrorKind::JetStream(inner) => {
+                    inner.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+                }
+                _ => false,
+            }
+        } else if let Some(e) = error.downcast_ref::<jetstream::stream::ConsumerError>() {
+            use jetstream::stream::ConsumerErrorKind;
+            match e.kind() {
+                ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+                ConsumerErrorKind::JetStream(inner) => {
+                    inner.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+                }
+                _ => false,
+            }
+        } else if let Some(e) = error.downcast_ref::<jetstream::Error>() {
+            e.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+        } else {
+            false
+        };
+        if unavailable {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// The error as [`StreamError::Unavailable`] (retried) or [`StreamError::Api`].
+fn classified<E: std::error::Error + Send + Sync + 'static>(stream: &str, error: E) -> StreamError {
+    let stream = stream.to_owned();
+    if is_unavailable(&error) {
+        StreamError::Unavailable {
+            stream,
+            source: Box::new(error),
+        }
+    } else {
+        StreamError::Api {
+            stream,
+            source: Box::new(error),
+        }
+    }
+}
+
+async fn ensure_once(
     js: &jetstream::Context,
     wanted: Wanted,
 ) -> Result<stream::Config, StreamError> {
@@ -94,13 +213,9 @@ pub async fn ensure(
         given,
     } = wanted;
     let name = wanted.name.clone();
-    let api = |source: Box<dyn std::error::Error + Send + Sync>| StreamError::Api {
-        stream: name.clone(),
-        source,
-    };
     match js.get_stream(&wanted.name).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| api(Box::new(e)))?;
+            let info = existing.info().await.map_err(|e| classified(&name, e))?;
             let current = &info.config;
             let mut conflicts = Vec::new();
             if current.subjects != wanted.subjects {
@@ -156,7 +271,7 @@ pub async fn ensure(
             let info = js
                 .update_stream(updated)
                 .await
-                .map_err(|e| api(Box::new(e)))?;
+                .map_err(|e| classified(&name, e))?;
             tracing::warn!(stream = %name, changes = %changes.join(", "), "stream settings changed as given");
             Ok(info.config.clone())
         }
@@ -176,10 +291,10 @@ pub async fn ensure(
                     stream: name.clone(),
                     what: format!("subjects claimed by another stream ({error})"),
                 }),
-                Err(error) => Err(api(Box::new(error))),
+                Err(error) => Err(classified(&name, error)),
             }
         }
-        Err(error) => Err(api(Box::new(error))),
+        Err(error) => Err(classified(&name, error)),
     }
 }
 
@@ -189,14 +304,62 @@ pub async fn bucket(
     js: &jetstream::Context,
     wanted: jetstream::kv::Config,
 ) -> Result<jetstream::kv::Store, StreamError> {
-    if let Ok(store) = js.get_key_value(&wanted.bucket).await {
-        return Ok(store);
+    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    loop {
+        if let Ok(store) = js.get_key_value(&wanted.bucket).await {
+            return Ok(store);
+        }
+        let stream = format!("KV_{}", wanted.bucket);
+        match js.create_key_value(wanted.clone()).await {
+            Ok(store) => return Ok(store),
+            Err(error)
+                if error.kind() == jetstream::context::CreateKeyValueErrorKind::TimedOut
+                    || is_unavailable(&error) =>
+            {
+                tracing::warn!(%stream, %error, retry_in_ms = backoff.delay().as_millis() as u64, "JetStream unavailable; retrying");
+                backoff.wait().await;
+            }
+            Err(error) => {
+                return Err(StreamError::Api {
+                    stream,
+                    source: Box::new(error),
+                });
+            }
+        }
     }
-    let name = wanted.bucket.clone();
-    js.create_key_value(wanted)
-        .await
-        .map_err(|source| StreamError::Api {
-            stream: format!("KV_{name}"),
-            source: Box::new(source),
-        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::{
+        CreateStreamError, CreateStreamErrorKind, RequestError, RequestErrorKind,
+    };
+
+    #[test]
+    fn no_answer_is_unavailable_and_a_refusal_is_not() {
+        let cases: [(Box<dyn std::error::Error + Send + Sync>, bool); 4] = [
+            (
+                Box::new(RequestError::new(RequestErrorKind::TimedOut)),
+                true,
+            ),
+            (
+                Box::new(RequestError::new(RequestErrorKind::NoResponders)),
+                true,
+            ),
+            (
+                Box::new(CreateStreamError::new(CreateStreamErrorKind::TimedOut)),
+                true,
+            ),
+            (
+                Box::new(CreateStreamError::new(
+                    CreateStreamErrorKind::InvalidStreamName,
+                )),
+                false,
+            ),
+        ];
+        for (error, unavailable) in cases {
+            assert_eq!(is_unavailable(error.as_ref()), unavailable, "{error}");
+        }
+    }
 }

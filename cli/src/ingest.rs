@@ -22,6 +22,8 @@ pub struct IngestArgs {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = service::DEFAULT_ACK_WINDOW)]
     pub ack_window: usize,
@@ -56,6 +58,7 @@ impl IngestArgs {
             checkpoint_bucket: self.checkpoint_bucket.clone(),
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
             lease: self.lease.lease(),
+            health: podstream_bus::Health::new(),
         }
     }
 }
@@ -64,7 +67,11 @@ impl IngestArgs {
 pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
-        let config = args.config();
+        let health = args.ops.serve().await?;
+        let config = IngestConfig {
+            health,
+            ..args.config()
+        };
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
         // A task on the runtime's workers, not the main thread's `block_on`: the watch and the
         // NATS connection wake it many times a second, and a worker serves that more cheaply.

@@ -11,6 +11,7 @@ mod json_stream;
 mod kube_args;
 mod lease_args;
 mod lines;
+mod ops;
 mod pipeline;
 mod process;
 mod replay;
@@ -38,6 +39,19 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text for people, or as one JSON object per line for a log pipeline
+    /// (levels by `PODSTREAM_LOG`, e.g. `info`).
+    #[arg(long, global = true, env = "PODSTREAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+}
+
+/// How log lines are written to standard error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Text, coloured on a terminal.
+    Human,
+    /// One JSON object per line, with every field.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,15 +80,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Logs go to standard error; standard output is for results.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            EnvFilter::try_from_env("PODSTREAM_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .init();
     let cli = Cli::parse();
+    // Logs go to standard error; standard output is for results.
+    let filter =
+        EnvFilter::try_from_env("PODSTREAM_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Human => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let result = match &cli.command {
         Command::Decide(args) => decide::run(args).map(|_| ()),
         Command::Sim(args) => sim::run(args),

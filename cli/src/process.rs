@@ -16,6 +16,8 @@ pub struct ProcessArgs {
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
+    #[command(flatten)]
     pub streams: StreamArgs,
     /// Schedulers (`airflow-worker` values) to process, comma-separated; every scheduler when
     /// empty. Instances naming the same scheduler share its work.
@@ -79,6 +81,7 @@ impl ProcessArgs {
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             ack_wait: self.ack_wait.ack_wait(),
             cached_records: self.cached_records,
+            health: podstream_bus::Health::new(),
         }
     }
 }
@@ -87,9 +90,14 @@ impl ProcessArgs {
 pub fn run(args: &ProcessArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
+        let health = args.ops.serve().await?;
+        let config = ProcessConfig {
+            health,
+            ..args.config()
+        };
         let stats = args
             .shutdown
-            .run(|shutdown| service::run(args.config(), shutdown))
+            .run(|shutdown| service::run(config, shutdown))
             .await?;
         eprintln!("processor stopped: {stats}");
         Ok(())

@@ -42,6 +42,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub lease: LeaseArgs,
     #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
+    #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
     pub rules: RulesArgs,
@@ -95,9 +97,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Some(server), url)
         }
     };
-    let config = args.config(&nats_url);
+    let mut config = args.config(&nats_url);
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
+        // One endpoint for the three stages: ready when all are.
+        let health = args.ops.serve().await?;
+        config.ingest.health = health.clone();
+        config.process.health = health.clone();
+        config.sink.health = health;
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
         let db = Database::connect_to(&db_target)
             .await?

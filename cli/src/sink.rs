@@ -20,6 +20,8 @@ pub struct SinkArgs {
     #[command(flatten)]
     nats: NatsArgs,
     #[command(flatten)]
+    ops: crate::ops::OpsArgs,
+    #[command(flatten)]
     streams: StreamArgs,
     #[command(flatten)]
     db: DbArgs,
@@ -53,6 +55,9 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let bus = args.streams.bus(&args.nats.nats);
     runtime.block_on(async {
+        let health = args.ops.serve().await?;
+        // Not ready until the database answers.
+        health.declare(podstream_bus::Condition::DatabaseAnswers);
         let db = Database::connect_to(&args.db.target()?)
             .await?
             .with_policy(args.db.policy());
@@ -64,6 +69,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             connections: args.connections,
             ack_wait: args.ack_wait.ack_wait(),
             applied_retention_hours: args.retention.applied_retention_hours,
+            health,
         };
         let summary = args
             .shutdown

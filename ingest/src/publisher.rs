@@ -1,6 +1,12 @@
 //! Publishing with a bounded window of in-flight acks. A message counts as published only once
 //! JetStream acked it; on a failure, it and every later message in the window are published
 //! again, in order, until acked (their `Nats-Msg-Id`s make the repeats harmless).
+//!
+//! A pod never has two messages in flight: its next one waits for the last one's ack. When a
+//! stream leader dies, the messages it had not yet replicated are lost, and their loss shows
+//! only when their acks time out; a later message of the same pod sent meanwhile would be
+//! stored first, and the pod's events would be out of order (a transfer read as a first
+//! sighting). Different pods still share the window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -15,7 +21,7 @@ use futures::FutureExt;
 use podstream_bus::Backoff;
 use podstream_bus::dead::DeadLetter;
 
-use crate::known::Outgoing;
+use crate::known::{FastHash, Outgoing, uid};
 use crate::leadership::Fence;
 
 /// A message for the bus: a pod event or a dead letter.
@@ -28,6 +34,14 @@ pub enum Message {
 }
 
 impl Message {
+    /// The pod it is about; a dead letter is ordered with nothing.
+    fn pod(&self) -> Option<&str> {
+        match self {
+            Message::Pod(out) => Some(uid(&out.event)),
+            Message::Dead(_) => None,
+        }
+    }
+
     fn subject(&self) -> &str {
         match self {
             Message::Pod(out) => &out.subject,
@@ -69,6 +83,8 @@ pub struct Publisher {
     js: jetstream::Context,
     window: usize,
     in_flight: VecDeque<InFlight>,
+    /// Pods with a message in `in_flight` (at most one each).
+    pods_in_flight: std::collections::HashSet<String, FastHash>,
     acked: Vec<Acked>,
     duplicates: u64,
     /// Nothing is sent once it closes.
@@ -83,6 +99,7 @@ impl Publisher {
             js,
             window: window.max(1),
             in_flight: VecDeque::new(),
+            pods_in_flight: Default::default(),
             acked: Vec::new(),
             duplicates: 0,
             fence,
@@ -123,7 +140,15 @@ impl Publisher {
     /// Sends a message, first waiting for the oldest acks while the window is full. Once the
     /// fence closed, the message is dropped: a deposed leader publishes nothing.
     pub async fn publish(&mut self, message: Message) {
-        while self.in_flight.len() >= self.window {
+        while self.in_flight.len() >= self.window
+            || message
+                .pod()
+                .is_some_and(|pod| self.pods_in_flight.contains(pod))
+        {
+            if self.in_flight.is_empty() {
+                self.pods_in_flight.clear();
+                break;
+            }
             self.settle_oldest().await;
         }
         if !self.may_send() {
@@ -134,10 +159,15 @@ impl Publisher {
             .send_publish(message.subject().to_owned(), message.to_publish(&self.js))
             .await;
         match sent {
-            Ok(ack) => self.in_flight.push_back(InFlight {
-                message,
-                ack: Box::pin(ack.into_future()),
-            }),
+            Ok(ack) => {
+                if let Some(pod) = message.pod() {
+                    self.pods_in_flight.insert(pod.to_owned());
+                }
+                self.in_flight.push_back(InFlight {
+                    message,
+                    ack: Box::pin(ack.into_future()),
+                });
+            }
             Err(error) => {
                 tracing::warn!(subject = message.subject(), %error, "publish failed; retrying in order");
                 Box::pin(self.recover(None, Some(message))).await;
@@ -151,12 +181,12 @@ impl Publisher {
             match (&mut oldest.ack).now_or_never() {
                 None => break,
                 Some(Ok(ack)) => {
-                    if let Some(done) = self.in_flight.pop_front() {
+                    if let Some(done) = self.pop_oldest() {
                         self.settled(done.message, &ack);
                     }
                 }
                 Some(Err(error)) => {
-                    let Some(failed) = self.in_flight.pop_front() else {
+                    let Some(failed) = self.pop_oldest() else {
                         break;
                     };
                     tracing::warn!(subject = failed.message.subject(), %error, "publish not acked; republishing the window in order");
@@ -164,6 +194,15 @@ impl Publisher {
                 }
             }
         }
+    }
+
+    /// The oldest message in flight, its pod no longer counted in flight.
+    fn pop_oldest(&mut self) -> Option<InFlight> {
+        let oldest = self.in_flight.pop_front()?;
+        if let Some(pod) = oldest.message.pod() {
+            self.pods_in_flight.remove(pod);
+        }
+        Some(oldest)
     }
 
     /// Waits for every in-flight ack.
@@ -174,7 +213,7 @@ impl Publisher {
     }
 
     async fn settle_oldest(&mut self) {
-        let Some(oldest) = self.in_flight.pop_front() else {
+        let Some(oldest) = self.pop_oldest() else {
             return;
         };
         match oldest.ack.await {
@@ -191,6 +230,8 @@ impl Publisher {
     async fn recover(&mut self, first: Option<Message>, last: Option<Message>) {
         let mut pending: Vec<Message> = first.into_iter().collect();
         pending.extend(self.in_flight.drain(..).map(|f| f.message));
+        // Each is sent only after the one before it is acked: nothing of theirs is in flight.
+        self.pods_in_flight.clear();
         pending.extend(last);
         for message in pending {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));

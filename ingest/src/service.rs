@@ -23,6 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use podstream_bus::BusConfig;
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams;
+use podstream_bus::{Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use podstream_proto::v1::EventType;
@@ -67,6 +68,8 @@ pub struct IngestConfig {
     /// The Lease that elects one ingest among replicas; `None` runs without an election
     /// (one ingest per cluster, or the demo).
     pub lease: Option<LeaseConfig>,
+    /// Readiness: the watch synced (or standing by to lead).
+    pub health: Health,
 }
 
 impl Default for IngestConfig {
@@ -79,6 +82,7 @@ impl Default for IngestConfig {
             checkpoint_bucket: DEFAULT_CHECKPOINT_BUCKET.into(),
             checkpoint_interval: Duration::from_millis(DEFAULT_CHECKPOINT_INTERVAL_MS),
             lease: None,
+            health: Health::new(),
         }
     }
 }
@@ -154,6 +158,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<IngestStats> {
     let subjects = config.bus.subjects().context("invalid --prefix")?;
+    let health = config.health.clone();
+    health.declare(Condition::WatchSynced);
+    metrics::gauge!(podstream_bus::metrics::INGEST_LEADER).set(0.0);
     // Before connecting, against the window given (or the default); after, against the
     // stream's own.
     fits_the_duplicate_window(
@@ -180,12 +187,18 @@ pub async fn run(
     tokio::pin!(shutdown);
     // A standby waits here, connected; SIGTERM ends the wait.
     let mut leadership = match &config.lease {
-        Some(lease) => tokio::select! {
-            led = Leadership::acquire(kube.clone(), lease) => Some(led?),
-            _ = &mut shutdown => return Ok(IngestStats::default()),
-        },
+        Some(lease) => {
+            // Standing by is this replica's job until it leads: ready.
+            health.set(Condition::WatchSynced, true);
+            tokio::select! {
+                led = Leadership::acquire(kube.clone(), lease) => Some(led?),
+                _ = &mut shutdown => return Ok(IngestStats::default()),
+            }
+        }
         None => None,
     };
+    health.set(Condition::WatchSynced, false);
+    metrics::gauge!(podstream_bus::metrics::INGEST_LEADER).set(1.0);
     let fence = leadership
         .as_ref()
         .map_or_else(Fence::open, |led| led.fence.clone());
@@ -234,6 +247,8 @@ pub async fn run(
     let mut events = read_ahead(watch_all(&apis, ingest.subjects.clone()), READ_AHEAD);
     let mut lists: Vec<ListState<Projected>> =
         (0..apis.len()).map(|_| ListState::Watching).collect();
+    // Per scope: listed, and watching since without an error.
+    let mut synced = vec![false; apis.len()];
     let mut tick = tokio::time::interval(ACK_POLL);
     loop {
         if let Some(deposed) = ingest.deposed() {
@@ -259,13 +274,25 @@ pub async fn run(
                             ListAction::Flush => ingest.send_staged().await,
                             ListAction::Publish(pod, sighting) => ingest.stage(pod, sighting),
                             ListAction::Finish(finished) => {
+                                metrics::counter!(podstream_bus::metrics::INGEST_LISTS).increment(1);
                                 ingest.send_staged().await;
                                 let api = apis.get(index).map(|(_, api)| api.clone());
                                 ingest.after_list(scope(), api, finished).await;
+                                if let Some(done) = synced.get_mut(index) {
+                                    *done = true;
+                                }
+                                health.set(Condition::WatchSynced, synced.iter().all(|s| *s));
                             }
                         },
                         (Watched::List(_), None) => {}
-                        (Watched::Failed(error), _) => tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff"),
+                        (Watched::Failed(error), _) => {
+                            if let Some(done) = synced.get_mut(index) {
+                                *done = false;
+                            }
+                            health.set(Condition::WatchSynced, false);
+                            metrics::counter!(podstream_bus::metrics::INGEST_WATCH_ERRORS).increment(1);
+                            tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff");
+                        }
                     }
                     taken += 1;
                     if taken < BURST {
@@ -535,6 +562,20 @@ impl Ingest {
             match message {
                 Message::Pod(out) => {
                     log_published(&out);
+                    if out.role == crate::known::Role::Event {
+                        let kind = match out.event.r#type() {
+                            EventType::Added => "added",
+                            EventType::Modified => "modified",
+                            EventType::Deleted => "deleted",
+                            EventType::Unspecified => "unspecified",
+                        };
+                        let synthesized = if out.event.synthesized {
+                            "true"
+                        } else {
+                            "false"
+                        };
+                        metrics::counter!(podstream_bus::metrics::INGEST_EVENTS_PUBLISHED, "type" => kind, "synthesized" => synthesized).increment(1);
+                    }
                     self.known.acked(&out, sequence);
                     self.stats.published += 1;
                     if out.event.synthesized {

@@ -47,6 +47,7 @@ use podstream_bus::BusConfig;
 use podstream_bus::dead::{self, DeadLetter};
 use podstream_bus::in_flight::{Held, InFlight};
 use podstream_bus::streams;
+use podstream_bus::{Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Role, Stage, Stream, Subjects, encode_token};
 use podstream_proto::v1::Command;
@@ -83,6 +84,8 @@ pub struct ProcessConfig {
     pub ack_wait: Duration,
     /// Task records kept in memory with their KV revisions (0: read each one from KV).
     pub cached_records: usize,
+    /// Readiness: the consumers bound, the last decision not failing.
+    pub health: Health,
 }
 
 /// The durable consumer's name by default (and the bucket's).
@@ -114,6 +117,7 @@ impl Default for ProcessConfig {
             failover: Duration::from_secs(DEFAULT_FAILOVER_SECONDS),
             ack_wait: podstream_bus::config::default_ack_wait(),
             cached_records: DEFAULT_CACHED_RECORDS,
+            health: Health::new(),
         }
     }
 }
@@ -160,6 +164,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ProcessStats> {
     let subjects = config.bus.subjects().context("invalid --prefix")?;
+    config.health.declare(Condition::ConsumerBound);
     let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-process").await;
     let js = jetstream::new(nats);
     let pods = streams::ensure(
@@ -178,8 +183,7 @@ pub async fn run(
     )
     .await?;
     let records = open_bucket(&js, &config, &pods).await?;
-    let pods = js
-        .get_stream(&pods.name)
+    let pods = streams::while_unavailable(&pods.name, || js.get_stream(&pods.name))
         .await
         .context("opening the pod-events stream")?;
 
@@ -195,21 +199,22 @@ pub async fn run(
             Some(owner) => format!("{}-{}", config.consumer, encode_token(owner)),
         };
         // Created or updated, so a changed ack wait or failover reaches an existing consumer.
-        let consumer: jetstream::consumer::PullConsumer = pods
-            .create_consumer(pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects.pod_events_filter(scope),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: config.ack_wait,
-                max_ack_pending: 10_000,
-                // One instance at a time pulls a consumer; the others stand by.
-                priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
-                priority_groups: vec![PRIORITY_GROUP.to_owned()],
-                priority_timeout: config.failover,
-                ..Default::default()
-            })
-            .await
-            .with_context(|| format!("creating consumer {name}"))?;
+        let wanted = pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: subjects.pod_events_filter(scope),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_ack_pending: 10_000,
+            // One instance at a time pulls a consumer; the others stand by.
+            priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
+            priority_groups: vec![PRIORITY_GROUP.to_owned()],
+            priority_timeout: config.failover,
+            ..Default::default()
+        };
+        let consumer: jetstream::consumer::PullConsumer =
+            streams::while_unavailable(&name, || pods.create_consumer(wanted.clone()))
+                .await
+                .with_context(|| format!("creating consumer {name}"))?;
         // A start is most often a restart after a crash, whose pin would keep the consumer
         // for --failover-seconds: take it now. A live pinned instance hands over once, which
         // per-pod order allows (see the module doc).
@@ -234,7 +239,9 @@ pub async fn run(
         cache: RecordCache::new(config.cached_records),
         subjects,
         rules: config.rules.clone(),
+        health: config.health.clone(),
     };
+    config.health.set(Condition::ConsumerBound, true);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let loops = consumers.into_iter().map(|consumer| {
         let worker = &worker;
@@ -248,6 +255,7 @@ pub async fn run(
                 match worker.consume(&consumer, config, stopped.clone(), &mut stats).await {
                     Ok(()) => break,
                     Err(error) => {
+                        worker.health.set(Condition::ConsumerBound, false);
                         warn!(%error, consumer = %consumer.cached_info().name, "pulling pod events failed; retrying");
                         backoff.wait().await;
                     }
@@ -318,6 +326,7 @@ struct Worker {
     cache: RecordCache,
     subjects: Subjects,
     rules: Rules,
+    health: Health,
 }
 
 /// Why deciding an event must be retried.
@@ -351,6 +360,7 @@ impl Worker {
             .messages()
             .await
             .context("starting the pull")?;
+        self.health.set(Condition::ConsumerBound, true);
         let messages = self.in_flight.receive(messages);
         let mut chunks = messages.ready_chunks(config.batch_size.max(1));
         loop {
@@ -457,10 +467,15 @@ impl Worker {
                         stats.decided += 1;
                         stats.commands += commands;
                         ack(&delivery.message).await;
+                        metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
+                            .increment(1);
+                        self.health.set(Condition::ConsumerBound, true);
                         break;
                     }
                     Err(error) => {
                         known = Some(Known::Unsure);
+                        metrics::counter!(podstream_bus::metrics::PROCESSOR_RETRIES).increment(1);
+                        self.health.set(Condition::ConsumerBound, false);
                         warn!(%error, ti = %delivery.key, sequence = delivery.sequence,
                             retry_in_ms = backoff.delay().as_millis() as u64, "deciding an event failed; retrying");
                         backoff.wait().await;
@@ -642,6 +657,9 @@ impl Worker {
                 .send_publish(subject, message)
                 .await
                 .map_err(|e| Retry::Publish(e.to_string()))?;
+            let kind = command.kind.as_ref().map_or("none", |k| k.name());
+            metrics::counter!(podstream_bus::metrics::PROCESSOR_COMMANDS, "kind" => kind)
+                .increment(1);
             // Fields are evaluated only when the event is enabled: no TI string at warn level.
             info!(
                 pod = %uid,

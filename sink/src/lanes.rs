@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use podstream_bus::Backoff;
+use podstream_bus::{Backoff, Condition, Health};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -25,7 +25,7 @@ const QUEUED_BATCHES: usize = 4;
 pub type Applied<T> = Vec<(Item, T, Outcome)>;
 
 /// How the lanes batch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LaneConfig {
     /// Lanes on PostgreSQL (at most the pool's size); SQLite has one writer, so one lane.
     pub lanes: usize,
@@ -33,6 +33,8 @@ pub struct LaneConfig {
     pub batch_size: usize,
     /// How long a batch smaller than `batch_size` waits for more (zero: not at all).
     pub batch_wait: Duration,
+    /// Readiness: the database answering is flipped by each batch.
+    pub health: Health,
 }
 
 /// The running lanes; the receiving end of their applied batches is handed out by
@@ -72,6 +74,7 @@ impl<T: Send + 'static> Lanes<T> {
                 lane_queue,
                 batch_size,
                 config.batch_wait,
+                config.health.clone(),
                 applied.clone(),
             )));
         }
@@ -116,6 +119,7 @@ async fn lane<T>(
     mut queue: mpsc::Receiver<(Item, T)>,
     batch_size: usize,
     batch_wait: Duration,
+    health: Health,
     applied: mpsc::UnboundedSender<Applied<T>>,
 ) {
     let mut batch = Vec::with_capacity(batch_size);
@@ -125,7 +129,7 @@ async fn lane<T>(
             let _ = tokio::time::timeout(batch_wait, queue.recv_many(&mut batch, room)).await;
         }
         let (items, tags): (Vec<Item>, Vec<T>) = batch.drain(..).unzip();
-        let outcomes = apply_with_retry(&db, &items).await;
+        let outcomes = apply_with_retry(&db, &items, &health).await;
         let done = items
             .into_iter()
             .zip(tags)
@@ -142,12 +146,21 @@ async fn lane<T>(
 /// Applies a batch, retrying with backoff while the database as a whole fails it
 /// (`apply_batch` returns only such faults): nothing is acked or dead-lettered meanwhile,
 /// and the progress acks keep the batch's messages from redelivery.
-async fn apply_with_retry(db: &Database, items: &[Item]) -> Vec<Outcome> {
+async fn apply_with_retry(db: &Database, items: &[Item], health: &Health) -> Vec<Outcome> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     loop {
-        match db.apply_batch(items).await {
-            Ok(outcomes) => return outcomes,
+        let started = std::time::Instant::now();
+        let result = db.apply_batch(items).await;
+        metrics::histogram!(podstream_bus::metrics::SINK_BATCH_SECONDS)
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(outcomes) => {
+                health.set(Condition::DatabaseAnswers, true);
+                return outcomes;
+            }
             Err(error) => {
+                health.set(Condition::DatabaseAnswers, false);
+                metrics::counter!(podstream_bus::metrics::SINK_BATCH_RETRIES).increment(1);
                 tracing::warn!(%error, commands = items.len(), retry_in_ms = backoff.delay().as_millis() as u64, "the database failed a batch; retrying it");
                 backoff.wait().await;
             }

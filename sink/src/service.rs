@@ -18,6 +18,7 @@ use podstream_bus::BusConfig;
 use podstream_bus::dead::DeadLetter;
 use podstream_bus::in_flight::{Held, InFlight, Inbox};
 use podstream_bus::streams;
+use podstream_bus::{Condition, Health};
 use podstream_proto::Command;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use prost::Message as _;
@@ -56,6 +57,8 @@ pub struct SinkConfig {
     /// the commands stream's max age plus a day, `0` forever; checked against the stream's
     /// actual max age at start ([`crate::retention::applied_retention`]).
     pub applied_retention_hours: Option<u64>,
+    /// Readiness: the consumer bound, the database answering.
+    pub health: Health,
 }
 
 impl Default for SinkConfig {
@@ -68,6 +71,7 @@ impl Default for SinkConfig {
             connections: DEFAULT_CONNECTIONS,
             ack_wait: podstream_bus::config::default_ack_wait(),
             applied_retention_hours: None,
+            health: Health::new(),
         }
     }
 }
@@ -132,6 +136,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
     let subjects = config.bus.subjects().context("invalid --prefix")?;
+    config.health.declare(Condition::ConsumerBound);
+    config.health.declare(Condition::DatabaseAnswers);
+    // Connected and checked before the sink runs: a refusal from now on flips it.
+    config.health.set(Condition::DatabaseAnswers, true);
     let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-sink").await;
     let js = jetstream::new(nats);
     let commands = streams::ensure(
@@ -147,30 +155,30 @@ pub async fn run(
         streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),
     )
     .await?;
-    let stream = js
-        .get_stream(&commands.name)
+    let stream = streams::while_unavailable(&commands.name, || js.get_stream(&commands.name))
         .await
         .context("opening the commands stream")?;
     let task_failures = db.policy.task_failures;
     refuse_a_second_failure_owner(&stream, &config.consumer, task_failures).await?;
     // Created or updated: the consumer declares who fails TIs, for the executors to check.
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(config.consumer.clone()),
-            filter_subject: subjects.commands_filter(None),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait: config.ack_wait,
-            // Also what one sink may hold: its inbox reads ahead of the lanes.
-            max_ack_pending: 20_000,
-            metadata: [(
-                TASK_FAILURES_METADATA.to_owned(),
-                task_failures.name().to_owned(),
-            )]
-            .into(),
-            ..Default::default()
-        })
-        .await
-        .context("creating the sink consumer")?;
+    let wanted = pull::Config {
+        durable_name: Some(config.consumer.clone()),
+        filter_subject: subjects.commands_filter(None),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: config.ack_wait,
+        // Also what one sink may hold: its inbox reads ahead of the lanes.
+        max_ack_pending: 20_000,
+        metadata: [(
+            TASK_FAILURES_METADATA.to_owned(),
+            task_failures.name().to_owned(),
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let consumer =
+        streams::while_unavailable(&config.consumer, || stream.create_consumer(wanted.clone()))
+            .await
+            .context("creating the sink consumer")?;
     let pruner = applied_retention
         .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
@@ -181,6 +189,7 @@ pub async fn run(
             lanes: config.connections,
             batch_size: config.batch_size,
             batch_wait: config.batch_wait,
+            health: config.health.clone(),
         },
     );
     // A continuous pull, handed to the lanes as it arrives: a quiet stream commits each
@@ -188,7 +197,7 @@ pub async fn run(
     // Every command pulled is held, with progress acks, until its batch commits: a slow
     // database keeps its commands rather than seeing them redelivered.
     let in_flight = InFlight::start(js.client(), config.ack_wait);
-    let mut chunks = pull_stream(&consumer, config.batch_size, &in_flight).await;
+    let mut chunks = pull_stream(&consumer, config.batch_size, &in_flight, &config.health).await;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -197,7 +206,7 @@ pub async fn run(
                 let Some(chunk) = chunk else {
                     tracing::warn!("the pull stream ended; pulling again");
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    chunks = pull_stream(&consumer, config.batch_size, &in_flight).await;
+                    chunks = pull_stream(&consumer, config.batch_size, &in_flight, &config.health).await;
                     continue;
                 };
                 for message in chunk {
@@ -273,6 +282,7 @@ async fn pull_stream(
     consumer: &jetstream::consumer::PullConsumer,
     batch_size: usize,
     in_flight: &InFlight,
+    health: &Health,
 ) -> Chunks {
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
     loop {
@@ -282,8 +292,12 @@ async fn pull_stream(
             .messages()
             .await
         {
-            Ok(messages) => return in_flight.receive(messages).ready_chunks(batch_size.max(1)),
+            Ok(messages) => {
+                health.set(Condition::ConsumerBound, true);
+                return in_flight.receive(messages).ready_chunks(batch_size.max(1));
+            }
             Err(error) => {
+                health.set(Condition::ConsumerBound, false);
                 tracing::warn!(%error, "pulling commands failed; retrying");
                 backoff.wait().await;
             }
@@ -329,6 +343,13 @@ fn log_outcome(command: &Command, outcome: &Outcome) {
         .as_ref()
         .map(|p| p.name.as_str())
         .unwrap_or_default();
+    let (label, reason) = match outcome {
+        Outcome::Applied(what) => ("applied", what.name()),
+        Outcome::Skipped(skip) => ("skipped", skip.name()),
+        Outcome::Dead(_) => ("dead", "refused"),
+    };
+    metrics::counter!(podstream_bus::metrics::SINK_COMMANDS, "outcome" => label, "reason" => reason)
+        .increment(1);
     match outcome {
         Outcome::Applied(what) => {
             tracing::info!(ti = %task, pod, owner = %command.owner, command = %command.id, what = what.name(), "applied")

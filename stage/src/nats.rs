@@ -61,3 +61,119 @@ impl NatsServer {
         self.server.restart().unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// Three (or more) nats-servers with JetStream clustered over routes, each on its own ports
+/// and storage, for replicated streams.
+pub struct NatsCluster {
+    nodes: Vec<Option<std::process::Child>>,
+    ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsCluster {
+    /// Starts `size` nodes routed to each other and waits until each is ready. JetStream
+    /// elects its meta leader after that: ask for one with a retrying client.
+    ///
+    /// # Panics
+    /// When a node cannot start.
+    pub fn start(size: usize) -> NatsCluster {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let routes: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let route_urls = routes
+            .iter()
+            .map(|port| format!("nats://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::with_capacity(size);
+        let mut logs = Vec::with_capacity(size);
+        for (index, (port, route)) in ports.iter().zip(&routes).enumerate() {
+            let node_dir = dir.path().join(format!("node-{index}"));
+            std::fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("node dir: {e}"));
+            let log = node_dir.join("nats-server.log");
+            let child = std::process::Command::new(nats_server_binary())
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(node_dir.join("jetstream"))
+                .args([
+                    "-n",
+                    &format!("node-{index}"),
+                    "--cluster_name",
+                    "podstream",
+                ])
+                .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+                .args(["--routes", &route_urls])
+                .arg("-l")
+                .arg(&log)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting nats-server node {index}: {e}"));
+            nodes.push(Some(child));
+            logs.push(log);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for log in &logs {
+            while !std::fs::read_to_string(log).is_ok_and(|l| l.contains("Server is ready")) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a clustered nats-server did not become ready; see {}",
+                    log.display()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        NatsCluster {
+            nodes,
+            ports,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until JetStream answers with a meta leader elected (up to 60 s).
+    ///
+    /// # Panics
+    /// When it does not.
+    pub async fn ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let servers: Vec<String> = self.urls().split(',').map(str::to_owned).collect();
+        loop {
+            if let Ok(client) = async_nats::connect(servers.as_slice()).await {
+                let js = async_nats::jetstream::new(client);
+                if js.query_account().await.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the JetStream cluster elected no leader within 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every node's URL, comma-separated, as `--nats` takes them.
+    pub fn urls(&self) -> String {
+        self.ports
+            .iter()
+            .map(|port| format!("nats://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILLs node `index`.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes.get_mut(index).and_then(Option::take) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for index in 0..self.nodes.len() {
+            self.kill(index);
+        }
+    }
+}

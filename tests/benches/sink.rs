@@ -110,6 +110,7 @@ async fn measure(name: &str, target: AirflowDb, batched: usize, single: usize) {
         lanes: CONNECTIONS,
         batch_size: 500,
         batch_wait: Duration::ZERO,
+        health: podstream_bus::Health::new(),
     };
     let outcomes = podstream_tests::sink::through_lanes(&db, parallel_items, config).await;
     assert!(outcomes.iter().all(|o| matches!(o, Outcome::Applied(_))));

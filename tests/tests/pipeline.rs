@@ -13,7 +13,7 @@ use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::component::Component;
-use podstream_tests::nats::NatsServer;
+use podstream_tests::nats::{NatsCluster, NatsServer};
 use podstream_tests::podstream_binary;
 use podstream_tests::postgres::PgCluster;
 use podstream_tests::recovery::{self, Kill, NS, Stage};
@@ -73,6 +73,9 @@ async fn run_plays_the_seed_stories_on_postgres() {
         .map(|task_id| SeedTi::running(task_id, if *task_id == "failed" { 0 } else { 1 }))
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
+    let ops: std::net::SocketAddr = format!("127.0.0.1:{}", podstream_tests::free_port())
+        .parse()
+        .unwrap();
     let run = Component::start(
         podstream_binary(),
         &[
@@ -83,6 +86,8 @@ async fn run_plays_the_seed_stories_on_postgres() {
             &target.url,
             "--namespaces",
             NS,
+            "--metrics-listen",
+            &ops.to_string(),
         ],
         &dir.path().join("kubeconfig"),
     );
@@ -134,15 +139,93 @@ async fn run_plays_the_seed_stories_on_postgres() {
         .try_get(0)
         .unwrap();
     assert!(duplicates >= 1, "the duplicate pods are recorded");
+
+    // The operations endpoint: counters moved, ready; not ready while the database is down.
+    let (status, metrics) = podstream_tests::http_get(ops, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    let sum = |metric: &str, labels: &[&str]| podstream_tests::metric_sum(&metrics, metric, labels);
+    use podstream_bus::metrics as m;
+    assert!(sum(m::INGEST_EVENTS_PUBLISHED, &[]) >= 8.0, "{metrics}");
+    assert!(
+        sum(m::PROCESSOR_COMMANDS, &["kind=\"fail\""]) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        sum(m::SINK_COMMANDS, &["outcome=\"applied\""]) >= 4.0,
+        "{metrics}"
+    );
+    assert!(
+        sum(&format!("{}_count", m::SINK_BATCH_SECONDS), &[]) >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(sum(m::INGEST_LEADER, &[]), 1.0, "{metrics}");
+    assert_eq!(podstream_tests::http_get(ops, "/healthz").unwrap().0, 200);
+    let readyz = || podstream_tests::http_get(ops, "/readyz").unwrap();
+    assert_eq!(readyz().0, 200, "{}", readyz().1);
+
+    pg.stop();
+    // A change to apply: the sink's batch meets the stopped database.
+    cluster.set_phase(NS, "adopted-1", "Succeeded").unwrap();
+    let until = |want: u16, within: Duration| {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, body) = readyz();
+            if status == want {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let body = until(503, Duration::from_secs(30));
+    assert!(body.contains("database_answers: not ready"), "{body}");
+    pg.restart();
+    until(200, Duration::from_secs(60));
     assert!(run.terminate().success(), "run exits 0 on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once() {
+/// The moments of [`sixty_tasks`] where a test disrupts the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    /// Half the pods created and running.
+    Creating,
+    /// A third of the pods adopted, deleted or succeeded.
+    EndingFirstThird,
+    /// Two thirds of them.
+    EndingSecondThird,
+}
+
+/// Waits until an ingest has claimed the checkpoint (its `leader` key): it watches from then
+/// on, so the changes that follow are seen one by one, not collapsed into a first list.
+async fn wait_for_the_ingest_to_lead(nats: &str) {
+    let servers: Vec<&str> = nats.split(',').collect();
+    let js = async_nats::jetstream::new(async_nats::connect(servers.as_slice()).await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(kv) = js.get_key_value("podstream-ingest").await
+            && let Ok(Some(_)) = kv.get("leader").await
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no ingest led within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The three components as separate processes.
+struct Components {
+    ingest: Component,
+    process: Component,
+    sink: Component,
+}
+
+/// Sixty running tasks: a third adopted by scheduler 2, a third deleted while running, a third
+/// succeeded, with `disrupt` called at each [`Moment`]. The database must end right with every
+/// command applied once. `extra` goes to every component (`--stream-replicas 3`).
+async fn sixty_tasks(nats: &str, extra: &[&str], mut disrupt: impl FnMut(Moment, &mut Components)) {
     const TASKS: usize = 60;
     let (sim, dir) = recovery::simulator().await;
     let kubeconfig = dir.path().join("kubeconfig");
-    let nats = NatsServer::start();
     let target = AirflowDb::sqlite(Airflow::line("2.10"));
     let db = Database::connect(&target.url).await.unwrap();
     let names: Vec<String> = (0..TASKS).map(|i| format!("t{i}")).collect();
@@ -151,26 +234,27 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
         .map(|task_id| SeedTi::running(task_id, 1))
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
-    let url = nats.url();
-    let mut ingest = Component::start(
-        podstream_binary(),
-        &["ingest", "--nats", &url, "--namespaces", NS],
-        &kubeconfig,
-    );
-    let mut process = Component::start(
-        podstream_binary(),
-        &["process", "--nats", &url, "--failover-seconds", "2"],
-        &kubeconfig,
-    );
-    let mut sink = Component::start(
-        podstream_binary(),
-        &["sink", "--nats", &url, "--db", &target.url],
-        &kubeconfig,
-    );
+    let with_extra = |args: &[&str]| -> Vec<String> {
+        args.iter().chain(extra).map(|a| (*a).to_owned()).collect()
+    };
+    let start = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Component::start(podstream_binary(), &args, &kubeconfig)
+    };
+    let mut components = Components {
+        ingest: start(with_extra(&["ingest", "--nats", nats, "--namespaces", NS])),
+        process: start(with_extra(&[
+            "process",
+            "--nats",
+            nats,
+            "--failover-seconds",
+            "2",
+        ])),
+        sink: start(with_extra(&["sink", "--nats", nats, "--db", &target.url])),
+    };
 
+    wait_for_the_ingest_to_lead(nats).await;
     let cluster = sim.cluster();
-    // Every task: a pod, Running. Then a third is adopted by scheduler 2, a third deleted
-    // while running, a third succeeds; a component is killed between the steps.
     for (i, task) in names.iter().enumerate() {
         let pod = format!("{task}-pod");
         cluster
@@ -178,7 +262,7 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
             .unwrap();
         cluster.set_phase(NS, &pod, "Running").unwrap();
         if i == TASKS / 2 {
-            ingest.kill_and_restart();
+            disrupt(Moment::Creating, &mut components);
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -194,10 +278,10 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
             _ => drop(cluster.set_phase(NS, &pod, "Succeeded").unwrap()),
         }
         if i == TASKS / 3 {
-            process.kill_and_restart();
+            disrupt(Moment::EndingFirstThird, &mut components);
         }
         if i == 2 * TASKS / 3 {
-            sink.kill_and_restart();
+            disrupt(Moment::EndingSecondThird, &mut components);
         }
     }
     let expected: Vec<(String, &str, i64)> = names
@@ -247,9 +331,41 @@ async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once(
         (2 * TASKS) as i64,
         "every command applied exactly once"
     );
+    let Components {
+        ingest,
+        process,
+        sink,
+    } = components;
     for component in [ingest, process, sink] {
         assert!(component.terminate().success());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_component_killed_mid_scenario_and_restarted_still_ends_right_once() {
+    let nats = NatsServer::start();
+    sixty_tasks(&nats.url(), &[], |moment, components| match moment {
+        Moment::Creating => components.ingest.kill_and_restart(),
+        Moment::EndingFirstThird => components.process.kill_and_restart(),
+        Moment::EndingSecondThird => components.sink.kill_and_restart(),
+    })
+    .await;
+}
+
+/// A three-node JetStream cluster with every stream and bucket replicated three times: one
+/// node killed with SIGKILL mid-scenario, the database still ends right with every command
+/// applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_jetstream_node_killed_under_r3_streams_loses_nothing() {
+    let mut nats = NatsCluster::start(3);
+    nats.ready().await;
+    let urls = nats.urls();
+    sixty_tasks(&urls, &["--stream-replicas", "3"], |moment, _| {
+        if moment == Moment::Creating {
+            nats.kill(1);
+        }
+    })
+    .await;
 }
 
 /// Each stage (`run`, and `ingest`, `process`, `sink` as separate processes) killed with

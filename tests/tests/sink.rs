@@ -487,6 +487,7 @@ async fn through_lanes(db: &Database, items: &[Item], lanes: usize) -> Vec<Outco
         lanes,
         batch_size: 4,
         batch_wait: Duration::ZERO,
+        health: podstream_bus::Health::new(),
     };
     podstream_tests::sink::through_lanes(db, items, config).await
 }

@@ -1,0 +1,33 @@
+//! The names of every metric podstream exports (Prometheus naming: `podstream_` prefix,
+//! `_total` for counters, `_seconds` for durations), in one place for the code, the docs and
+//! the dashboard. Recording goes through the `metrics` facade: nothing is kept unless the
+//! binary installed an exporter (`--metrics-listen`).
+
+/// Counter: pod events the ingest published and JetStream acked; label `type`
+/// (`added`, `modified`, `deleted`) and `synthesized` (`true`, `false`).
+pub const INGEST_EVENTS_PUBLISHED: &str = "podstream_ingest_events_published_total";
+/// Counter: lists the ingest's watch completed (at start, and after each 410 or error).
+pub const INGEST_LISTS: &str = "podstream_ingest_lists_total";
+/// Counter: errors of the ingest's Kubernetes watch (each retried with backoff).
+pub const INGEST_WATCH_ERRORS: &str = "podstream_ingest_watch_errors_total";
+/// Gauge: 1 while this ingest holds the Lease (or runs without an election), else 0.
+pub const INGEST_LEADER: &str = "podstream_ingest_leader";
+/// Histogram: seconds from sending a pod event to JetStream's ack.
+pub const INGEST_PUBLISH_ACK_SECONDS: &str = "podstream_ingest_publish_ack_seconds";
+/// Counter: pod events the processor decided and acked.
+pub const PROCESSOR_EVENTS_DECIDED: &str = "podstream_processor_events_decided_total";
+/// Counter: commands the processor published; label `kind`.
+pub const PROCESSOR_COMMANDS: &str = "podstream_processor_commands_total";
+/// Counter: attempts to decide an event that failed and were retried.
+pub const PROCESSOR_RETRIES: &str = "podstream_processor_retries_total";
+/// Counter: commands the sink finished; label `outcome` (`applied`, `skipped`, `dead`) and
+/// `reason` (what was applied, why it was skipped).
+pub const SINK_COMMANDS: &str = "podstream_sink_commands_total";
+/// Histogram: seconds one batch of commands took in the database.
+pub const SINK_BATCH_SECONDS: &str = "podstream_sink_batch_seconds";
+/// Counter: batches the database failed as a whole (retried).
+pub const SINK_BATCH_RETRIES: &str = "podstream_sink_batch_retries_total";
+/// Counter: dead letters stored; label `stage`.
+pub const DEAD_LETTERS: &str = "podstream_dead_letters_total";
+/// Gauge: messages of a stage's consumer not yet delivered; label `consumer`.
+pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
