@@ -65,10 +65,11 @@ impl Health {
     pub fn set(&self, condition: Condition, met: bool) {
         let was = self.met[condition.index()].swap(met, Ordering::AcqRel);
         if was != met && self.declared[condition.index()].load(Ordering::Acquire) {
+            // Info, not warn: the fault behind a change logs its own warning.
             if met {
                 tracing::info!(condition = condition.name(), "ready");
             } else {
-                tracing::warn!(condition = condition.name(), "not ready");
+                tracing::info!(condition = condition.name(), "not ready");
             }
         }
     }

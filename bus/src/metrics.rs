@@ -1,7 +1,8 @@
 //! The names of every metric podstream exports (Prometheus naming: `podstream_` prefix,
 //! `_total` for counters, `_seconds` for durations), in one place for the code, the docs and
-//! the dashboard. Recording goes through the `metrics` facade: nothing is kept unless the
-//! binary installed an exporter (`--metrics-listen`).
+//! the dashboard, and the one metric polled rather than counted (a consumer's lag).
+//! Recording goes through the `metrics` facade: nothing is kept unless the binary installed
+//! an exporter (`--metrics-listen`).
 
 /// Counter: pod events the ingest published and JetStream acked; label `type`
 /// (`added`, `modified`, `deleted`) and `synthesized` (`true`, `false`).
@@ -31,3 +32,26 @@ pub const SINK_BATCH_RETRIES: &str = "podstream_sink_batch_retries_total";
 pub const DEAD_LETTERS: &str = "podstream_dead_letters_total";
 /// Gauge: messages of a stage's consumer not yet delivered; label `consumer`.
 pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
+
+/// How often [`report_pending`] asks JetStream for the consumers' lag.
+const PENDING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reports each consumer's undelivered messages as [`CONSUMER_PENDING`] every few seconds,
+/// until the returned task is aborted. A failed query leaves the last value.
+pub fn report_pending(
+    consumers: Vec<async_nats::jetstream::consumer::PullConsumer>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut consumers = consumers;
+        loop {
+            for consumer in &mut consumers {
+                if let Ok(info) = consumer.info().await {
+                    let name = info.name.clone();
+                    metrics::gauge!(CONSUMER_PENDING, "consumer" => name)
+                        .set(info.num_pending as f64);
+                }
+            }
+            tokio::time::sleep(PENDING_EVERY).await;
+        }
+    })
+}

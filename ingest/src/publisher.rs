@@ -72,6 +72,13 @@ type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> +
 struct InFlight {
     message: Message,
     ack: AckFuture,
+    sent: std::time::Instant,
+}
+
+/// Records how long an ack took since its message was `sent`.
+fn record_ack_latency(sent: std::time::Instant) {
+    metrics::histogram!(podstream_bus::metrics::INGEST_PUBLISH_ACK_SECONDS)
+        .record(sent.elapsed().as_secs_f64());
 }
 
 /// Publishes in order, with at most `window` messages awaiting their ack.
@@ -166,6 +173,7 @@ impl Publisher {
                 self.in_flight.push_back(InFlight {
                     message,
                     ack: Box::pin(ack.into_future()),
+                    sent: std::time::Instant::now(),
                 });
             }
             Err(error) => {
@@ -182,6 +190,7 @@ impl Publisher {
                 None => break,
                 Some(Ok(ack)) => {
                     if let Some(done) = self.pop_oldest() {
+                        record_ack_latency(done.sent);
                         self.settled(done.message, &ack);
                     }
                 }
@@ -216,8 +225,12 @@ impl Publisher {
         let Some(oldest) = self.pop_oldest() else {
             return;
         };
+        let sent = oldest.sent;
         match oldest.ack.await {
-            Ok(ack) => self.settled(oldest.message, &ack),
+            Ok(ack) => {
+                record_ack_latency(sent);
+                self.settled(oldest.message, &ack);
+            }
             Err(error) => {
                 tracing::warn!(subject = oldest.message.subject(), %error, "publish not acked; republishing the window in order");
                 Box::pin(self.recover(Some(oldest.message), None)).await;

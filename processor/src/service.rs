@@ -231,6 +231,7 @@ pub async fn run(
         consumers.push(consumer);
     }
 
+    let lag = podstream_bus::metrics::report_pending(consumers.clone());
     let worker = Worker {
         in_flight: InFlight::start(js.client(), config.ack_wait),
         js,
@@ -279,6 +280,7 @@ pub async fn run(
             all.await
         }
     };
+    lag.abort();
     let mut stats = ProcessStats::default();
     for one in per_consumer {
         stats += one;

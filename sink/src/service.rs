@@ -179,6 +179,7 @@ pub async fn run(
         streams::while_unavailable(&config.consumer, || stream.create_consumer(wanted.clone()))
             .await
             .context("creating the sink consumer")?;
+    let lag = podstream_bus::metrics::report_pending(vec![consumer.clone()]);
     let pruner = applied_retention
         .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
     let mut summary = Summary::default();
@@ -248,6 +249,7 @@ pub async fn run(
     if let Err(panic) = closing.await {
         tracing::error!(%panic, "closing the sink lanes panicked");
     }
+    lag.abort();
     if let Some(pruner) = pruner {
         pruner.abort();
     }

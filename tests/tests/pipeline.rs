@@ -159,6 +159,15 @@ async fn run_plays_the_seed_stories_on_postgres() {
         "{metrics}"
     );
     assert_eq!(sum(m::INGEST_LEADER, &[]), 1.0, "{metrics}");
+    let acks = format!("{}_count", m::INGEST_PUBLISH_ACK_SECONDS);
+    assert!(sum(&acks, &[]) >= 8.0, "{metrics}");
+    for consumer in ["podstream-process", "podstream-sink"] {
+        let label = format!("consumer=\"{consumer}\"");
+        assert!(
+            metrics.contains(&format!("{}{{{label}}}", m::CONSUMER_PENDING)),
+            "{metrics}"
+        );
+    }
     assert_eq!(podstream_tests::http_get(ops, "/healthz").unwrap().0, 200);
     let readyz = || podstream_tests::http_get(ops, "/readyz").unwrap();
     assert_eq!(readyz().0, 200, "{}", readyz().1);
