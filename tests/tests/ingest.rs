@@ -150,6 +150,14 @@ impl Scenario {
         self.facts.push(fact(&last.value().unwrap(), true));
     }
 
+    /// Waits until the pod stream holds a message for every fact and relabel notice (quiet
+    /// for `quiet`, at most `within`); returns how many that is.
+    async fn settle(&self, js: &jetstream::Context, quiet: Duration, within: Duration) -> u64 {
+        let expected = (self.facts.len() + self.relabels.len()) as u64;
+        bus::settle(js, PODS, expected, quiet, within).await;
+        expected
+    }
+
     /// Step `step` of pod `i`'s life: create, run, maybe relabel, end, maybe delete.
     fn step(&mut self, i: usize, step: usize) {
         let name = format!("pod-{i:04}");
@@ -303,15 +311,9 @@ async fn a_thousand_pods_every_revision_once_on_its_owners_subject() {
             scenario.step(i, step);
         }
     }
-    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
-    bus::settle(
-        &js,
-        PODS,
-        expected,
-        Duration::from_millis(500),
-        Duration::from_secs(60),
-    )
-    .await;
+    let expected = scenario
+        .settle(&js, Duration::from_millis(500), Duration::from_secs(60))
+        .await;
     let stats = ingest.stop().await;
 
     let stored = bus::read_all(&js, PODS).await;
@@ -381,15 +383,9 @@ async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once(
     if down_until.is_some() {
         ingest = start_ingest(&sim, &nats.url()).await;
     }
-    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
-    bus::settle(
-        &js,
-        PODS,
-        expected,
-        Duration::from_millis(1500),
-        Duration::from_secs(90),
-    )
-    .await;
+    scenario
+        .settle(&js, Duration::from_millis(1500), Duration::from_secs(90))
+        .await;
     ingest.stop().await;
 
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
@@ -894,15 +890,9 @@ async fn three_ingests_one_leader_killed_and_paused_every_change_once() {
         scenario.step(i, s);
     }
 
-    let expected = (scenario.facts.len() + scenario.relabels.len()) as u64;
-    bus::settle(
-        &js,
-        PODS,
-        expected,
-        Duration::from_millis(1500),
-        Duration::from_secs(90),
-    )
-    .await;
+    scenario
+        .settle(&js, Duration::from_millis(1500), Duration::from_secs(90))
+        .await;
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
     assert_exactly(&events, &scenario.facts);
 
