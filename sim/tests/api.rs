@@ -295,7 +295,8 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
         ))
         .await;
     assert_eq!(api_error(wrong_kind).0, 400);
-    // 415: a patch type the server does not take; 404: a resource it does not serve.
+    // 400: an apply without a field manager; 415: a patch type the server does not take;
+    // 404: a resource it does not serve.
     let apply_patch = client
         .request_text(raw(
             "PATCH",
@@ -304,7 +305,16 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
             "{}",
         ))
         .await;
-    assert_eq!(api_error(apply_patch).0, 415);
+    assert_eq!(api_error(apply_patch).0, 400);
+    let yaml_patch = client
+        .request_text(raw(
+            "PATCH",
+            "/api/v1/namespaces/airflow/pods/p",
+            "application/yaml",
+            "{}",
+        ))
+        .await;
+    assert_eq!(api_error(yaml_patch).0, 415);
     let unknown = client
         .request_text(raw(
             "GET",
