@@ -27,6 +27,7 @@ use podstream_bus::{Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::subject::{Stage, Stream, Subjects};
 use podstream_proto::v1::EventType;
+use tokio::time::Instant;
 
 use crate::checkpoint::Checkpoint;
 use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
@@ -38,6 +39,11 @@ use crate::watched_pod::WatchedPod;
 
 /// How often acks that arrived while nothing was published are collected.
 const ACK_POLL: Duration = Duration::from_millis(50);
+
+/// How long a stopping ingest retries its last checkpoint write: a JetStream raft group
+/// takes up to about ten seconds to elect a new leader, and Kubernetes waits 30 s by default
+/// between SIGTERM and SIGKILL.
+const FINAL_FLUSH_FOR: Duration = Duration::from_secs(20);
 
 /// Watch items read ahead of the publishing loop (a page of a list is 500 pods).
 const READ_AHEAD: usize = 1024;
@@ -619,7 +625,7 @@ impl Ingest {
         if let Some(deposed) = self.deposed() {
             return Err(deposed);
         }
-        self.checkpoint.flush().await?;
+        self.final_flush().await?;
         tracing::info!(
             published = self.stats.published,
             synthesized = self.stats.synthesized,
@@ -629,6 +635,31 @@ impl Ingest {
             "ingest stopped"
         );
         Ok(self.stats)
+    }
+}
+
+impl Ingest {
+    /// The last checkpoint write, retried for [`FINAL_FLUSH_FOR`] (a JetStream cluster
+    /// electing the bucket's leader refuses writes meanwhile). Given up, it is no failure of
+    /// the stop: a stale checkpoint only means the successor republishes, deduplicated.
+    async fn final_flush(&mut self) -> anyhow::Result<()> {
+        let give_up = Instant::now() + FINAL_FLUSH_FOR;
+        let mut backoff =
+            podstream_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            match self.checkpoint.flush().await {
+                Ok(()) => return Ok(()),
+                Err(error) if error.is::<Deposed>() => return Err(error),
+                Err(error) if Instant::now() + backoff.delay() >= give_up => {
+                    tracing::warn!(error = %format!("{error:#}"), "the last checkpoint write failed; a successor republishes what it missed");
+                    return Ok(());
+                }
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.delay().as_millis() as u64, "the last checkpoint write failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
     }
 }
 

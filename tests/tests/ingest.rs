@@ -942,3 +942,77 @@ async fn a_checkpoint_claimed_by_another_ingest_deposes_the_first_writer() {
     assert!(format!("{error:#}").contains("2 second"), "{error:#}");
     second.flush().await.unwrap();
 }
+
+/// Stopped just as the node leading its checkpoint bucket dies, an ingest retries the last
+/// checkpoint write through the election instead of failing its stop, and the write lands:
+/// a successor loads the last change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_while_its_checkpoint_bucket_elects_a_leader_the_ingest_still_writes_it() {
+    use podstream_ingest::checkpoint::Checkpoint;
+    use podstream_ingest::leadership::Fence;
+    use podstream_tests::nats::NatsCluster;
+
+    podstream_tests::init_tracing();
+    let mut nats = NatsCluster::start(3);
+    nats.ready().await;
+    let urls = nats.urls();
+    let servers: Vec<&str> = urls.split(',').collect();
+    let js = jetstream::new(async_nats::connect(servers.as_slice()).await.unwrap());
+    let sim = sim().await;
+    let config = IngestConfig {
+        bus: BusConfig {
+            streams: podstream_bus::StreamSettings {
+                replicas: Some(3),
+                ..Default::default()
+            },
+            ..BusConfig::at(&urls)
+        },
+        checkpoint_interval: Duration::from_millis(50),
+        ..IngestConfig::default()
+    };
+    let bucket = config.checkpoint_bucket.clone();
+    let kube = kube_client(&sim).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(service::run(config, kube, async move {
+        let _ = stopped.await;
+    }));
+    let mut scenario = Scenario::new(sim.cluster());
+    wait_until_watching(&js, &mut scenario).await;
+    scenario.create("pod-0000", "1");
+    scenario
+        .settle(&js, Duration::from_millis(200), Duration::from_secs(30))
+        .await;
+    // Past a checkpoint write, so the bucket has a leader to lose.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut info = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    let leader = info
+        .info()
+        .await
+        .unwrap()
+        .cluster
+        .as_ref()
+        .and_then(|cluster| cluster.leader.clone())
+        .expect("the bucket has a leader");
+    let node: usize = leader.trim_start_matches("node-").parse().unwrap();
+    scenario.phase("pod-0000", "Running");
+    scenario
+        .settle(&js, Duration::from_millis(1), Duration::from_secs(30))
+        .await;
+    nats.kill(node);
+    let _ = stop.send(());
+    let stats = task.await.unwrap();
+    assert!(stats.is_ok(), "the stop failed: {:#}", stats.unwrap_err());
+
+    let mut successor = Checkpoint::open(&js, &bucket, 3, Duration::from_millis(50), Fence::open())
+        .await
+        .unwrap();
+    let restored = successor.load().await.unwrap();
+    let last = scenario.facts.last().unwrap();
+    let event = restored
+        .pods
+        .iter()
+        .find(|event| event.pod.as_ref().is_some_and(|pod| pod.uid == last.uid))
+        .expect("the checkpoint holds the pod");
+    assert_eq!(event.resource_version, last.rv.to_string());
+}
