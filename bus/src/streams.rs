@@ -43,16 +43,6 @@ pub enum StreamError {
         /// What differs.
         what: String,
     },
-    /// JetStream did not answer, or answered "not now" (a cluster electing its leader, a
-    /// server restarting): retried by [`ensure`] and [`bucket`].
-    #[error("stream {stream}: JetStream unavailable: {source}")]
-    Unavailable {
-        /// The stream's name.
-        stream: String,
-        /// The underlying error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
     /// The JetStream API refused or failed.
     #[error("stream {stream}: {source}")]
     Api {
@@ -101,16 +91,8 @@ pub async fn ensure(
     js: &jetstream::Context,
     wanted: Wanted,
 ) -> Result<stream::Config, StreamError> {
-    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
-    loop {
-        match ensure_once(js, wanted.clone()).await {
-            Err(StreamError::Unavailable { stream, source }) => {
-                tracing::warn!(%stream, error = %source, retry_in_ms = backoff.delay().as_millis() as u64, "JetStream unavailable; retrying");
-                backoff.wait().await;
-            }
-            done => return done,
-        }
-    }
+    let name = wanted.config.name.clone();
+    while_unavailable(&name, || ensure_once(js, wanted.clone())).await
 }
 
 /// Runs `op` until it succeeds or fails for a reason other than JetStream being unavailable
@@ -175,6 +157,8 @@ pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
                 }
                 _ => false,
             }
+        } else if let Some(e) = error.downcast_ref::<jetstream::context::CreateKeyValueError>() {
+            e.kind() == jetstream::context::CreateKeyValueErrorKind::TimedOut
         } else if let Some(e) = error.downcast_ref::<jetstream::Error>() {
             e.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
         } else {
@@ -188,19 +172,11 @@ pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// The error as [`StreamError::Unavailable`] (retried) or [`StreamError::Api`].
-fn classified<E: std::error::Error + Send + Sync + 'static>(stream: &str, error: E) -> StreamError {
-    let stream = stream.to_owned();
-    if is_unavailable(&error) {
-        StreamError::Unavailable {
-            stream,
-            source: Box::new(error),
-        }
-    } else {
-        StreamError::Api {
-            stream,
-            source: Box::new(error),
-        }
+/// The error as [`StreamError::Api`] of `stream`; [`is_unavailable`] still sees through it.
+fn api<E: std::error::Error + Send + Sync + 'static>(stream: &str, error: E) -> StreamError {
+    StreamError::Api {
+        stream: stream.to_owned(),
+        source: Box::new(error),
     }
 }
 
@@ -215,7 +191,7 @@ async fn ensure_once(
     let name = wanted.name.clone();
     match js.get_stream(&wanted.name).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| classified(&name, e))?;
+            let info = existing.info().await.map_err(|e| api(&name, e))?;
             let current = &info.config;
             let mut conflicts = Vec::new();
             if current.subjects != wanted.subjects {
@@ -268,10 +244,7 @@ async fn ensure_once(
             if changes.is_empty() {
                 return Ok(current.clone());
             }
-            let info = js
-                .update_stream(updated)
-                .await
-                .map_err(|e| classified(&name, e))?;
+            let info = js.update_stream(updated).await.map_err(|e| api(&name, e))?;
             tracing::warn!(stream = %name, changes = %changes.join(", "), "stream settings changed as given");
             Ok(info.config.clone())
         }
@@ -291,10 +264,10 @@ async fn ensure_once(
                     stream: name.clone(),
                     what: format!("subjects claimed by another stream ({error})"),
                 }),
-                Err(error) => Err(classified(&name, error)),
+                Err(error) => Err(api(&name, error)),
             }
         }
-        Err(error) => Err(classified(&name, error)),
+        Err(error) => Err(api(&name, error)),
     }
 }
 
@@ -304,41 +277,28 @@ pub async fn bucket(
     js: &jetstream::Context,
     wanted: jetstream::kv::Config,
 ) -> Result<jetstream::kv::Store, StreamError> {
-    let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
-    loop {
+    let stream = format!("KV_{}", wanted.bucket);
+    while_unavailable(&stream, || async {
         if let Ok(store) = js.get_key_value(&wanted.bucket).await {
             return Ok(store);
         }
-        let stream = format!("KV_{}", wanted.bucket);
-        match js.create_key_value(wanted.clone()).await {
-            Ok(store) => return Ok(store),
-            Err(error)
-                if error.kind() == jetstream::context::CreateKeyValueErrorKind::TimedOut
-                    || is_unavailable(&error) =>
-            {
-                tracing::warn!(%stream, %error, retry_in_ms = backoff.delay().as_millis() as u64, "JetStream unavailable; retrying");
-                backoff.wait().await;
-            }
-            Err(error) => {
-                return Err(StreamError::Api {
-                    stream,
-                    source: Box::new(error),
-                });
-            }
-        }
-    }
+        js.create_key_value(wanted.clone()).await
+    })
+    .await
+    .map_err(|error| api(&stream, error))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use async_nats::jetstream::context::{
-        CreateStreamError, CreateStreamErrorKind, RequestError, RequestErrorKind,
+        CreateKeyValueError, CreateKeyValueErrorKind, CreateStreamError, CreateStreamErrorKind,
+        RequestError, RequestErrorKind,
     };
 
     #[test]
     fn no_answer_is_unavailable_and_a_refusal_is_not() {
-        let cases: [(Box<dyn std::error::Error + Send + Sync>, bool); 4] = [
+        let cases: [(Box<dyn std::error::Error + Send + Sync>, bool); 7] = [
             (
                 Box::new(RequestError::new(RequestErrorKind::TimedOut)),
                 true,
@@ -356,6 +316,25 @@ mod tests {
                     CreateStreamErrorKind::InvalidStreamName,
                 )),
                 false,
+            ),
+            (
+                Box::new(CreateKeyValueError::new(CreateKeyValueErrorKind::TimedOut)),
+                true,
+            ),
+            (
+                Box::new(api(
+                    "KV_x",
+                    CreateKeyValueError::new(CreateKeyValueErrorKind::InvalidStoreName),
+                )),
+                false,
+            ),
+            // Through the error podstream wraps it in.
+            (
+                Box::new(api(
+                    "PODSTREAM_PODS",
+                    RequestError::new(RequestErrorKind::NoResponders),
+                )),
+                true,
             ),
         ];
         for (error, unavailable) in cases {
