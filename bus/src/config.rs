@@ -19,10 +19,12 @@ pub const DEFAULT_ACK_WAIT_SECONDS: u64 = 4;
 pub const DEFAULT_MAX_AGE_HOURS: u64 = 7 * 24;
 
 /// The NATS server, the subject prefix, and the settings of the streams and buckets.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct BusConfig {
-    /// NATS server URL.
+    /// NATS server URL (several, comma-separated, for a cluster).
     pub nats_url: String,
+    /// Credentials and TLS for the connection.
+    pub security: crate::NatsSecurity,
     /// Subject prefix; the streams are named after it.
     pub prefix: String,
     /// Settings of the streams and buckets a component makes sure of.
@@ -33,9 +35,21 @@ impl Default for BusConfig {
     fn default() -> Self {
         BusConfig {
             nats_url: DEFAULT_NATS_URL.to_owned(),
+            security: crate::NatsSecurity::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             streams: StreamSettings::default(),
         }
+    }
+}
+
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusConfig")
+            .field("nats_url", &crate::connect::redacted(&self.nats_url))
+            .field("security", &self.security)
+            .field("prefix", &self.prefix)
+            .field("streams", &self.streams)
+            .finish()
     }
 }
 

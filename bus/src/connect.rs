@@ -1,43 +1,335 @@
-//! Connecting to NATS: retry with backoff at start, never a silent crash loop.
+//! Connecting to NATS: who the component is to the server (credentials from files, never from
+//! flags or URLs in the logs), how the connection is secured (TLS, a private CA, a client
+//! certificate), and retrying with backoff while the server is away, never while it says no.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Connects to `url` (one server, or several comma-separated: the members of a cluster),
-/// retrying with exponential backoff (up to 30 s between attempts) and logging every failed
-/// attempt. The client then reconnects by itself after a lost connection, to any member.
-pub async fn connect(url: &str, name: &str) -> async_nats::Client {
+use async_nats::{ConnectErrorKind, ConnectOptions};
+
+/// How a component proves who it is to NATS. Secrets come from files: a flag or an
+/// environment variable holds only the path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NatsCredentials {
+    /// No credentials, or what the URL carries (`user:password@` or `token@`).
+    #[default]
+    Anonymous,
+    /// A `.creds` file: a user JWT and its nkey seed.
+    CredsFile(PathBuf),
+    /// A file holding an nkey seed (`SU...`).
+    NkeySeedFile(PathBuf),
+    /// A user name, with the password read from a file.
+    UserPassword {
+        /// The user name.
+        user: String,
+        /// The file holding the password.
+        password_file: PathBuf,
+    },
+    /// A file holding a token.
+    TokenFile(PathBuf),
+}
+
+impl NatsCredentials {
+    /// The method's name, for errors: never a secret.
+    pub fn method(&self) -> &'static str {
+        match self {
+            NatsCredentials::Anonymous => "the URL's credentials, or none",
+            NatsCredentials::CredsFile(_) => "a credentials file",
+            NatsCredentials::NkeySeedFile(_) => "an nkey",
+            NatsCredentials::UserPassword { .. } => "a user and password",
+            NatsCredentials::TokenFile(_) => "a token",
+        }
+    }
+}
+
+/// TLS beyond what a `tls://` URL asks for (TLS is always required for one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsTls {
+    /// PEM file of the CA certificates the server's certificate is checked against.
+    pub ca: Option<PathBuf>,
+    /// PEM files of the client certificate and its key, for mutual TLS.
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// Refuse a connection without TLS even to a `nats://` URL.
+    pub required: bool,
+}
+
+/// Credentials and TLS: everything about a NATS connection beyond the server's address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsSecurity {
+    /// Who the component is.
+    pub credentials: NatsCredentials,
+    /// How the connection is secured.
+    pub tls: NatsTls,
+}
+
+/// Why a component could not connect, when retrying would not help.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// A credentials, key or certificate file could not be read.
+    #[error("reading {what} {}: {source}", path.display())]
+    File {
+        /// What the file was to hold.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
+    /// The server refused the credentials.
+    #[error("NATS at {servers} refused {method}: {reason}")]
+    Refused {
+        /// The servers, redacted.
+        servers: String,
+        /// How the component tried to authenticate.
+        method: &'static str,
+        /// What the server or client said.
+        reason: String,
+    },
+    /// TLS could not be set up: a certificate that does not verify, a server without TLS.
+    #[error("NATS at {servers}: TLS failed: {reason}")]
+    Tls {
+        /// The servers, redacted.
+        servers: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// `url` (one server, or several comma-separated) with every password or token replaced by
+/// `***`, for logs and errors.
+pub fn redacted(url: &str) -> String {
+    url.split(',')
+        .map(|server| {
+            let server = server.trim();
+            let authority_at = server.find("://").map_or(0, |i| i + 3);
+            let (scheme, rest) = server.split_at(authority_at);
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((userinfo, host)) => {
+                    let userinfo = match userinfo.split_once(':') {
+                        Some((user, _)) => format!("{user}:***"),
+                        None => "***".to_owned(),
+                    };
+                    format!("{scheme}{userinfo}@{host}{path}")
+                }
+                None => server.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Connects to `url` (one server, or several comma-separated: the members of a cluster) as
+/// `security` says. While no server answers it retries with exponential backoff (up to 30 s
+/// between attempts), logging each attempt; refused credentials or failed TLS end it with a
+/// [`ConnectError`], since retrying cannot help. Once connected, the client reconnects by
+/// itself after a lost connection, to any member.
+pub async fn connect(
+    url: &str,
+    security: &NatsSecurity,
+    name: &str,
+) -> Result<async_nats::Client, ConnectError> {
     let servers: Vec<&str> = url
         .split(',')
         .map(str::trim)
         .filter(|server| !server.is_empty())
         .collect();
+    let shown = redacted(url);
+    let secrets = match &security.credentials {
+        NatsCredentials::Anonymous => Secrets::in_url(&servers),
+        credentials => Secrets::read(credentials).await?,
+    };
     let mut backoff = crate::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     let mut attempt = 1u32;
     loop {
-        let options = async_nats::ConnectOptions::new()
-            .name(name)
-            .connection_timeout(Duration::from_secs(5))
-            // Unlimited: a NATS restart must never end the component.
-            .max_reconnects(None)
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("disconnected from NATS; reconnecting")
-                    }
-                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
-                    other => tracing::debug!(%other, "NATS event"),
-                }
-            });
+        let options = options(security, &secrets, name)?;
         match options.connect(servers.as_slice()).await {
             Ok(client) => {
-                tracing::info!(url, "connected to NATS");
-                return client;
+                tracing::info!(url = %shown, "connected to NATS");
+                return Ok(client);
             }
-            Err(error) => {
-                tracing::warn!(url, attempt, retry_in_ms = backoff.delay().as_millis() as u64, %error, "NATS unreachable; retrying");
-                backoff.wait().await;
-                attempt += 1;
+            Err(error) => match error.kind() {
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                    return Err(ConnectError::Refused {
+                        servers: shown,
+                        method: security.credentials.method(),
+                        reason: error.to_string(),
+                    });
+                }
+                _ if error.kind() == ConnectErrorKind::Tls || refused_in_handshake(&error) => {
+                    return Err(ConnectError::Tls {
+                        servers: shown,
+                        reason: error.to_string(),
+                    });
+                }
+                _ => {
+                    tracing::warn!(url = %shown, attempt, retry_in_ms = backoff.delay().as_millis() as u64, %error, "NATS unreachable; retrying");
+                    backoff.wait().await;
+                    attempt += 1;
+                }
+            },
+        }
+    }
+}
+
+/// Whether TLS itself failed (a certificate missing, unknown or refused): the handshake's
+/// error arrives as an I/O error, and no retry can change its outcome.
+fn refused_in_handshake(error: &async_nats::ConnectError) -> bool {
+    use async_nats::rustls;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        let tls = error.is::<rustls::Error>()
+            || error
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| inner.is::<rustls::Error>());
+        if tls {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// The secrets of `credentials`, read once at start so a missing file is a clear error.
+enum Secrets {
+    None,
+    Creds { path: PathBuf, creds: String },
+    Nkey(String),
+    Password(String, String),
+    Token(String),
+}
+
+impl Secrets {
+    /// What the first server URL with user info carries, as other NATS clients take it: a
+    /// user and password, or a lone token (async-nats itself ignores it).
+    fn in_url(servers: &[&str]) -> Secrets {
+        servers
+            .iter()
+            .filter_map(|server| server.parse::<async_nats::ServerAddr>().ok())
+            .find_map(|addr| {
+                let user = addr.username()?.to_owned();
+                Some(match addr.password() {
+                    Some(password) => Secrets::Password(user, password.to_owned()),
+                    None => Secrets::Token(user),
+                })
+            })
+            .unwrap_or(Secrets::None)
+    }
+
+    async fn read(credentials: &NatsCredentials) -> Result<Secrets, ConnectError> {
+        Ok(match credentials {
+            NatsCredentials::Anonymous => Secrets::None,
+            NatsCredentials::CredsFile(path) => Secrets::Creds {
+                path: path.clone(),
+                creds: read("credentials file", path).await?,
+            },
+            NatsCredentials::NkeySeedFile(path) => {
+                Secrets::Nkey(read("nkey seed file", path).await?.trim().to_owned())
             }
+            NatsCredentials::UserPassword {
+                user,
+                password_file,
+            } => Secrets::Password(
+                user.clone(),
+                read("password file", password_file)
+                    .await?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_owned(),
+            ),
+            NatsCredentials::TokenFile(path) => {
+                Secrets::Token(read("token file", path).await?.trim().to_owned())
+            }
+        })
+    }
+}
+
+async fn read(what: &'static str, path: &Path) -> Result<String, ConnectError> {
+    tokio::fs::read_to_string(path)
+        .await
+        .map_err(|source| ConnectError::File {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+}
+
+fn options(
+    security: &NatsSecurity,
+    secrets: &Secrets,
+    name: &str,
+) -> Result<ConnectOptions, ConnectError> {
+    let mut options = match secrets {
+        Secrets::None => ConnectOptions::new(),
+        Secrets::Creds { path, creds } => {
+            ConnectOptions::with_credentials(creds).map_err(|source| ConnectError::File {
+                what: "credentials file",
+                path: path.clone(),
+                source,
+            })?
+        }
+        Secrets::Nkey(seed) => ConnectOptions::with_nkey(seed.clone()),
+        Secrets::Password(user, password) => {
+            ConnectOptions::with_user_and_password(user.clone(), password.clone())
+        }
+        Secrets::Token(token) => ConnectOptions::with_token(token.clone()),
+    };
+    if let Some(ca) = &security.tls.ca {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &security.tls.client {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    if security.tls.required {
+        options = options.require_tls(true);
+    }
+    Ok(options
+        .name(name)
+        .connection_timeout(Duration::from_secs(5))
+        // Unlimited: a NATS restart must never end the component.
+        .max_reconnects(None)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("disconnected from NATS; reconnecting")
+                }
+                async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                // A permissions violation: this component's user may not do what it tried.
+                async_nats::Event::ServerError(error) => {
+                    tracing::error!(%error, "NATS refused an operation")
+                }
+                other => tracing::debug!(%other, "NATS event"),
+            }
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn no_url_shows_its_password_or_token() {
+        let cases = [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            (
+                "nats://ingest:s3cret@nats:4222",
+                "nats://ingest:***@nats:4222",
+            ),
+            (
+                "tls://t0ken@nats.example:4222",
+                "tls://***@nats.example:4222",
+            ),
+            ("user:pw@host:4222", "user:***@host:4222"),
+            (
+                "nats://a:p@one:4222, nats://b:q@two:4222",
+                "nats://a:***@one:4222,nats://b:***@two:4222",
+            ),
+            ("nats://u:p@w@host/x?y=@", "nats://u:***@host/x?y=@"),
+            ("", ""),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redacted(url), shown, "{url}");
         }
     }
 }

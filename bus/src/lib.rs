@@ -3,7 +3,8 @@
 //! - [`backoff`]: doubling, jittered delays between retries, shared by every retry loop.
 //! - [`config`]: the bus configuration every component shares (server, prefix, stream
 //!   settings) and its defaults.
-//! - [`connect`]: connecting to NATS, retrying with backoff and saying so.
+//! - [`connect`]: connecting to NATS with credentials and TLS, retrying with backoff while no
+//!   server answers, and URLs redacted wherever they are shown.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
@@ -27,7 +28,7 @@ pub mod streams;
 
 pub use backoff::Backoff;
 pub use config::BusConfig;
-pub use connect::connect;
+pub use connect::{NatsCredentials, NatsSecurity, NatsTls, connect};
 pub use health::{Condition, Health};
 pub use in_flight::{Held, InFlight, Inbox};
 pub use streams::{StreamError, StreamSettings};

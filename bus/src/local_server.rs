@@ -62,17 +62,30 @@ pub struct LocalServer {
     port: u16,
     dir: PathBuf,
     binary: PathBuf,
+    config: Option<PathBuf>,
 }
 
 impl LocalServer {
     /// Starts `binary` with JetStream on 127.0.0.1:`port`, storage and log under `dir`, and
     /// waits until it is ready.
     pub fn start(binary: &Path, dir: &Path, port: u16) -> Result<LocalServer, LocalServerError> {
+        LocalServer::start_configured(binary, dir, port, None)
+    }
+
+    /// [`LocalServer::start`] with a nats-server configuration file too (TLS, users); the
+    /// address, port, JetStream storage and log given on the command line win over it.
+    pub fn start_configured(
+        binary: &Path,
+        dir: &Path,
+        port: u16,
+        config: Option<&Path>,
+    ) -> Result<LocalServer, LocalServerError> {
         let mut server = LocalServer {
             child: None,
             port,
             dir: dir.to_owned(),
             binary: binary.to_owned(),
+            config: config.map(Path::to_owned),
         };
         server.launch()?;
         Ok(server)
@@ -81,6 +94,11 @@ impl LocalServer {
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -101,7 +119,11 @@ impl LocalServer {
         let log = self.log();
         // A fresh log, so "ready" below is this run's.
         let _ = std::fs::remove_file(&log);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args([
                 "-a",
                 "127.0.0.1",

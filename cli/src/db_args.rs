@@ -11,7 +11,7 @@ pub struct DbArgs {
     /// Metadata DB URL: sqlite:///abs/path.db or postgres://user@host:port/db (add
     /// ?sslmode=require, or verify-full&sslrootcert=FILE, for TLS). `run` defaults to Airflow's
     /// own SQLite file, $AIRFLOW_HOME/airflow.db (AIRFLOW_HOME defaults to ~/airflow).
-    #[arg(long = "db", env = "PODSTREAM_DB")]
+    #[arg(long = "db", env = "PODSTREAM_DB", hide_env_values = true)]
     pub db: Option<String>,
     /// File holding the database password (kept out of the URL and the process list).
     #[arg(long, env = "PODSTREAM_DB_PASSWORD_FILE")]

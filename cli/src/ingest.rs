@@ -51,7 +51,9 @@ impl IngestArgs {
     /// The ingest configuration these flags describe.
     pub fn config(&self) -> IngestConfig {
         IngestConfig {
-            bus: self.streams.bus(&self.nats.nats),
+            bus: self
+                .streams
+                .bus(&self.nats.nats, self.nats.security.security()),
             namespaces: self.kube.namespaces(),
             kube_context: self.kube.kube_context.clone(),
             ack_window: self.ack_window,

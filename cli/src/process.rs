@@ -66,7 +66,9 @@ impl ProcessArgs {
     /// The processor configuration these flags describe.
     pub fn config(&self) -> ProcessConfig {
         ProcessConfig {
-            bus: self.streams.bus(&self.nats.nats),
+            bus: self
+                .streams
+                .bus(&self.nats.nats, self.nats.security.security()),
             schedulers: self
                 .scheduler
                 .iter()

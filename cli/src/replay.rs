@@ -151,7 +151,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
         let subjects = args.prefix.subjects()?;
-        let client = podstream_bus::connect(&args.nats.nats, "podstream-replay").await;
+        let client = podstream_bus::connect(
+            &args.nats.nats,
+            &args.nats.security.security(),
+            "podstream-replay",
+        )
+        .await?;
         let js = jetstream::new(client);
         let pods_name = subjects.stream_name(Stream::PodEvents);
         let commands_name = subjects.stream_name(Stream::Commands);

@@ -27,8 +27,10 @@ use crate::stream_args::{AckWaitArgs, StreamArgs};
     podstream run --nats nats://nats:4222 --db postgres://airflow@db:5432/airflow --namespaces airflow")]
 pub struct RunArgs {
     /// NATS server with JetStream; without it, a local nats-server is started on --data-dir.
-    #[arg(long, env = "PODSTREAM_NATS")]
+    #[arg(long, env = "PODSTREAM_NATS", hide_env_values = true)]
     pub nats: Option<String>,
+    #[command(flatten)]
+    pub nats_security: crate::stream_args::NatsSecurityArgs,
     /// Storage of the local nats-server (ignored with --nats).
     #[arg(long, env = "PODSTREAM_DATA_DIR", default_value = "podstream-data")]
     pub data_dir: PathBuf,
@@ -58,7 +60,7 @@ pub struct RunArgs {
 impl RunArgs {
     fn config(&self, nats_url: &str) -> PipelineConfig {
         PipelineConfig {
-            bus: self.streams.bus(nats_url),
+            bus: self.streams.bus(nats_url, self.nats_security.security()),
             ingest: IngestConfig {
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),

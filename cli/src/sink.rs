@@ -53,7 +53,9 @@ pub struct SinkArgs {
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
-    let bus = args.streams.bus(&args.nats.nats);
+    let bus = args
+        .streams
+        .bus(&args.nats.nats, args.nats.security.security());
     runtime.block_on(async {
         let health = args.ops.serve().await?;
         // Not ready until the database answers.

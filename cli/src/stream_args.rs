@@ -1,20 +1,111 @@
-//! Flags every component that talks to JetStream shares: the NATS server, the subject
-//! prefix, and the settings of the streams it makes sure of. Their defaults are the bus's.
+//! Flags every component that talks to JetStream shares: the NATS server and how to log in
+//! to it, the subject prefix, and the settings of the streams it makes sure of. Their
+//! defaults are the bus's.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use podstream_bus::config::{DEFAULT_ACK_WAIT_SECONDS, DEFAULT_NATS_URL};
-use podstream_bus::{BusConfig, StreamSettings};
+use podstream_bus::{BusConfig, NatsCredentials, NatsSecurity, NatsTls, StreamSettings};
 use podstream_proto::subject::{DEFAULT_PREFIX, Subjects};
 
-/// The NATS server to connect to.
+/// The NATS server to connect to, and how.
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
-    /// NATS server with JetStream.
-    #[arg(long, env = "PODSTREAM_NATS", default_value = DEFAULT_NATS_URL)]
+    /// NATS server with JetStream (several, comma-separated, for a cluster; tls:// requires
+    /// TLS).
+    #[arg(long, env = "PODSTREAM_NATS", default_value = DEFAULT_NATS_URL, hide_env_values = true)]
     pub nats: String,
+    #[command(flatten)]
+    pub security: NatsSecurityArgs,
+}
+
+/// Credentials and TLS for NATS. Secrets are read from files; only their paths are flags.
+#[derive(Debug, Clone, Default, Args)]
+#[group(id = "nats-credentials", multiple = false)]
+pub struct NatsCredentialArgs {
+    /// NATS credentials file (a user JWT and its nkey seed).
+    #[arg(long, env = "PODSTREAM_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// File holding an nkey seed.
+    #[arg(long, env = "PODSTREAM_NATS_NKEY", value_name = "FILE")]
+    pub nats_nkey: Option<PathBuf>,
+    /// NATS user name; the password comes from --nats-password-file.
+    #[arg(long, env = "PODSTREAM_NATS_USER", requires = "nats_password_file")]
+    pub nats_user: Option<String>,
+    /// File holding a NATS token.
+    #[arg(long, env = "PODSTREAM_NATS_TOKEN_FILE", value_name = "FILE")]
+    pub nats_token_file: Option<PathBuf>,
+}
+
+/// The NATS connection's credentials and TLS flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NatsSecurityArgs {
+    #[command(flatten)]
+    pub credentials: NatsCredentialArgs,
+    /// File holding the password of --nats-user.
+    #[arg(
+        long,
+        env = "PODSTREAM_NATS_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "nats_user"
+    )]
+    pub nats_password_file: Option<PathBuf>,
+    /// PEM file of the CA certificates that sign the NATS servers' certificates.
+    #[arg(long, env = "PODSTREAM_NATS_CA", value_name = "FILE")]
+    pub nats_ca: Option<PathBuf>,
+    /// PEM client certificate, for mutual TLS (with --nats-key).
+    #[arg(
+        long,
+        env = "PODSTREAM_NATS_CERT",
+        value_name = "FILE",
+        requires = "nats_key"
+    )]
+    pub nats_cert: Option<PathBuf>,
+    /// PEM key of --nats-cert.
+    #[arg(
+        long,
+        env = "PODSTREAM_NATS_KEY",
+        value_name = "FILE",
+        requires = "nats_cert"
+    )]
+    pub nats_key: Option<PathBuf>,
+    /// Require TLS even for nats:// URLs.
+    #[arg(long, env = "PODSTREAM_NATS_TLS")]
+    pub nats_tls: bool,
+}
+
+impl NatsSecurityArgs {
+    /// The security these flags describe.
+    pub fn security(&self) -> NatsSecurity {
+        let given = &self.credentials;
+        let credentials = if let Some(path) = &given.nats_creds {
+            NatsCredentials::CredsFile(path.clone())
+        } else if let Some(path) = &given.nats_nkey {
+            NatsCredentials::NkeySeedFile(path.clone())
+        } else if let (Some(user), Some(password_file)) =
+            (&given.nats_user, &self.nats_password_file)
+        {
+            NatsCredentials::UserPassword {
+                user: user.clone(),
+                password_file: password_file.clone(),
+            }
+        } else if let Some(path) = &given.nats_token_file {
+            NatsCredentials::TokenFile(path.clone())
+        } else {
+            NatsCredentials::Anonymous
+        };
+        NatsSecurity {
+            credentials,
+            tls: NatsTls {
+                ca: self.nats_ca.clone(),
+                client: self.nats_cert.clone().zip(self.nats_key.clone()),
+                required: self.nats_tls,
+            },
+        }
+    }
 }
 
 /// The subject prefix.
@@ -64,9 +155,10 @@ impl StreamArgs {
     }
 
     /// The bus configuration of these flags on the NATS server at `nats_url`.
-    pub fn bus(&self, nats_url: &str) -> BusConfig {
+    pub fn bus(&self, nats_url: &str, security: NatsSecurity) -> BusConfig {
         BusConfig {
             nats_url: nats_url.to_owned(),
+            security,
             prefix: self.prefix.prefix.clone(),
             streams: self.settings(),
         }

@@ -31,7 +31,12 @@ pub fn run(args: &TailArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
         let subjects = args.prefix.subjects()?;
-        let client = podstream_bus::connect(&args.nats.nats, "podstream-tail").await;
+        let client = podstream_bus::connect(
+            &args.nats.nats,
+            &args.nats.security.security(),
+            "podstream-tail",
+        )
+        .await?;
         let scheduler = args.scheduler.as_deref();
         let pods = client
             .subscribe(subjects.pod_events_filter(scheduler))

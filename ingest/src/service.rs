@@ -177,7 +177,12 @@ pub async fn run(
             .duplicate_window
             .unwrap_or_else(podstream_bus::config::default_duplicate_window),
     )?;
-    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-ingest").await;
+    let nats = podstream_bus::connect(
+        &config.bus.nats_url,
+        &config.bus.security,
+        "podstream-ingest",
+    )
+    .await?;
     let js = jetstream::new(nats);
     let pods = streams::ensure(
         &js,

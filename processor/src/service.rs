@@ -165,7 +165,12 @@ pub async fn run(
 ) -> anyhow::Result<ProcessStats> {
     let subjects = config.bus.subjects().context("invalid --prefix")?;
     config.health.declare(Condition::ConsumerBound);
-    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-process").await;
+    let nats = podstream_bus::connect(
+        &config.bus.nats_url,
+        &config.bus.security,
+        "podstream-process",
+    )
+    .await?;
     let js = jetstream::new(nats);
     let pods = streams::ensure(
         &js,

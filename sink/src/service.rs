@@ -140,7 +140,8 @@ pub async fn run(
     config.health.declare(Condition::DatabaseAnswers);
     // Connected and checked before the sink runs: a refusal from now on flips it.
     config.health.set(Condition::DatabaseAnswers, true);
-    let nats = podstream_bus::connect(&config.bus.nats_url, "podstream-sink").await;
+    let nats = podstream_bus::connect(&config.bus.nats_url, &config.bus.security, "podstream-sink")
+        .await?;
     let js = jetstream::new(nats);
     let commands = streams::ensure(
         &js,

@@ -38,9 +38,36 @@ impl NatsServer {
         NatsServer { server, _dir: dir }
     }
 
+    /// [`NatsServer::start`] with the nats-server configuration file `config` too (TLS,
+    /// users and their permissions).
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_with_config(config: &std::path::Path) -> NatsServer {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let server = LocalServer::start_configured(
+            &nats_server_binary(),
+            dir.path(),
+            free_port(),
+            Some(config),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        NatsServer { server, _dir: dir }
+    }
+
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         self.server.url()
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    /// The server's log, for what it refused.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.server.log()).unwrap_or_default()
     }
 
     /// The server's process id, while it runs.

@@ -1,0 +1,324 @@
+//! podstream against a nats-server that asks for TLS and credentials. Every way to log in
+//! works for `ingest`, `process` and `sink` (each becomes ready and the pipeline moves); a
+//! wrong credential or a missing client certificate ends the component at once with an
+//! error naming the server and the method, never the secret; `--help` shows no secret.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use podstream_sim::WorkerPod;
+use podstream_tests::airflow::{Airflow, AirflowDb};
+use podstream_tests::component::Component;
+use podstream_tests::nats::NatsServer;
+use podstream_tests::{free_port, http_get, podstream_binary, recovery};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+const PASSWORD: &str = "pw-never-shown-4711";
+const TOKEN: &str = "token-never-shown-0815";
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "podstream test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+        let ca = Issuer::new(ca_params, ca_key);
+        for (name, sans, usage) in [
+            (
+                "server",
+                vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ),
+            (
+                "client",
+                vec!["podstream".to_owned()],
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ),
+        ] {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(sans).unwrap();
+            params.extended_key_usages = vec![usage];
+            let cert = params.signed_by(&key, &ca).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.pem")), cert.pem()).unwrap();
+            std::fs::write(
+                dir.path().join(format!("{name}-key.pem")),
+                key.serialize_pem(),
+            )
+            .unwrap();
+        }
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// Ingest, process and sink with `auth` flags all become ready on `url`, and a pod created
+/// then reaches the pod stream.
+async fn pipeline_works(url: &str, auth: &[&str], admin: async_nats::ConnectOptions) {
+    let (sim, dir) = recovery::simulator().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    let target = AirflowDb::sqlite(Airflow::line("2.10"));
+    let stages: [&[&str]; 3] = [
+        &[
+            "ingest",
+            "--namespaces",
+            recovery::NS,
+            "--no-leader-election",
+        ],
+        &["process"],
+        &["sink", "--db", &target.url],
+    ];
+    let mut running = Vec::new();
+    for stage in stages {
+        let ops = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let ops_text = ops.to_string();
+        let mut args: Vec<&str> = stage.to_vec();
+        args.extend(["--nats", url, "--metrics-listen", &ops_text]);
+        args.extend(auth);
+        let component = Component::start(podstream_binary(), &args, &kubeconfig);
+        running.push((stage[0], ops, component));
+    }
+    for (name, ops, component) in &mut running {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if http_get(*ops, "/readyz").is_some_and(|(status, _)| status == 200) {
+                break;
+            }
+            assert!(
+                component.wait_exit(Duration::ZERO).is_none(),
+                "{name} exited with {auth:?}"
+            );
+            assert!(Instant::now() < deadline, "{name} not ready with {auth:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    sim.cluster()
+        .create_pod(WorkerPod::new("secured", "1", "etl", "t", "manual__1").to_json())
+        .unwrap();
+    let js = jetstream::new(admin.connect(url).await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut pods = js.get_stream("PODSTREAM_PODS").await.unwrap();
+        if pods.info().await.unwrap().state.messages > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no pod event with {auth:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (name, _, component) in running {
+        assert!(component.terminate().success(), "{name} with {auth:?}");
+    }
+}
+
+/// `podstream process` with `auth` flags at info level: its exit status if it ended within
+/// `within` (else it is stopped with SIGTERM and the status is `None`), and its stderr.
+fn process_alone(
+    url: &str,
+    auth: &[&str],
+    within: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = Command::new(podstream_binary())
+        .args(["process", "--nats", url])
+        .args(auth)
+        .env("PODSTREAM_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + within;
+    let mut status = child.try_wait().unwrap();
+    while status.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        status = child.try_wait().unwrap();
+    }
+    if status.is_none() {
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    (status, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// Ended with an error within `within`: its stderr.
+fn refused(url: &str, auth: &[&str], within: Duration) -> String {
+    let (status, stderr) = process_alone(url, auth, within);
+    let status = status.unwrap_or_else(|| panic!("still running after {within:?}: {stderr}"));
+    assert!(!status.success(), "{stderr}");
+    stderr
+}
+
+fn path_str(path: &Path) -> String {
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_with_a_password_or_an_nkey_and_a_wrong_one_refused_at_once() {
+    let pki = Pki::new();
+    let nkey = nkeys::KeyPair::new_user();
+    let seed = pki.write("user.nk", &nkey.seed().unwrap());
+    let password_file = pki.write("password", &format!("{PASSWORD}\n"));
+    let wrong_file = pki.write("wrong", "not-the-password-31337");
+    let config = pki.write(
+        "nats-server.conf",
+        &format!(
+            r#"
+tls {{
+  cert_file: "{server}"
+  key_file: "{server_key}"
+  ca_file: "{ca}"
+  verify: true
+}}
+authorization {{
+  users: [
+    {{ user: "podstream", password: "{PASSWORD}" }}
+    {{ nkey: "{public}" }}
+  ]
+}}
+"#,
+            server = path_str(&pki.path("server.pem")),
+            server_key = path_str(&pki.path("server-key.pem")),
+            ca = path_str(&pki.path("ca.pem")),
+            public = nkey.public_key(),
+        ),
+    );
+    let nats = NatsServer::start_with_config(&config);
+    let url = format!("tls://127.0.0.1:{}", nats.port());
+    let ca = path_str(&pki.path("ca.pem"));
+    let cert = path_str(&pki.path("client.pem"));
+    let key = path_str(&pki.path("client-key.pem"));
+    let tls = ["--nats-ca", &ca, "--nats-cert", &cert, "--nats-key", &key];
+    let admin = || {
+        async_nats::ConnectOptions::with_user_and_password("podstream".into(), PASSWORD.into())
+            .add_root_certificates(pki.path("ca.pem"))
+            .add_client_certificate(pki.path("client.pem"), pki.path("client-key.pem"))
+    };
+
+    let password = path_str(&password_file);
+    let with_password: Vec<&str> = tls
+        .iter()
+        .copied()
+        .chain([
+            "--nats-user",
+            "podstream",
+            "--nats-password-file",
+            &password,
+        ])
+        .collect();
+    pipeline_works(&url, &with_password, admin()).await;
+
+    let seed = path_str(&seed);
+    let with_nkey: Vec<&str> = tls.iter().copied().chain(["--nats-nkey", &seed]).collect();
+    pipeline_works(&url, &with_nkey, admin()).await;
+
+    // A wrong password: refused at once, naming the server and the method, not the secret.
+    let wrong = path_str(&wrong_file);
+    let with_wrong: Vec<&str> = tls
+        .iter()
+        .copied()
+        .chain(["--nats-user", "podstream", "--nats-password-file", &wrong])
+        .collect();
+    let stderr = refused(&url, &with_wrong, Duration::from_secs(15));
+    assert!(stderr.contains("refused a user and password"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", nats.port())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
+
+    // A password in the URL is used, and redacted where the URL is logged.
+    let in_url = format!("tls://podstream:{PASSWORD}@127.0.0.1:{}", nats.port());
+    let (status, stderr) = process_alone(&in_url, &tls, Duration::from_secs(3));
+    assert!(status.is_none(), "it runs: {stderr}");
+    assert!(
+        stderr.contains("connected to NATS url=tls://podstream:***@127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+
+    // No client certificate where the server verifies one: a TLS error, at once.
+    let without_cert = [
+        "--nats-ca",
+        &ca,
+        "--nats-user",
+        "podstream",
+        "--nats-password-file",
+        &password,
+    ];
+    let stderr = refused(&url, &without_cert, Duration::from_secs(15));
+    assert!(stderr.contains("TLS"), "{stderr}");
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
+    let pki = Pki::new();
+    let token_file = pki.write("token", TOKEN);
+    let config = pki.write(
+        "nats-server.conf",
+        &format!("authorization {{ token: \"{TOKEN}\" }}\n"),
+    );
+    let nats = NatsServer::start_with_config(&config);
+    let url = nats.url();
+    let token = path_str(&token_file);
+    pipeline_works(
+        &url,
+        &["--nats-token-file", &token],
+        async_nats::ConnectOptions::with_token(TOKEN.into()),
+    )
+    .await;
+
+    // A wrong token in the URL is refused and not printed.
+    let wrong = format!("nats://wrong-{TOKEN}@127.0.0.1:{}", nats.port());
+    let stderr = refused(&wrong, &[], Duration::from_secs(15));
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(!stderr.contains(TOKEN), "{stderr}");
+
+    let in_url = format!("nats://{TOKEN}@127.0.0.1:{}", nats.port());
+    for command in ["ingest", "process", "sink", "run", "tail", "replay"] {
+        let help = Command::new(podstream_binary())
+            .args([command, "--help"])
+            .env("PODSTREAM_NATS", &in_url)
+            .env(
+                "PODSTREAM_DB",
+                format!("postgres://airflow:{TOKEN}@db/airflow"),
+            )
+            .output()
+            .unwrap();
+        assert!(help.status.success());
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(text.contains("--nats-token-file"), "{command}: {text}");
+        assert!(
+            !text.contains(TOKEN),
+            "{command} --help shows a secret: {text}"
+        );
+    }
+}
