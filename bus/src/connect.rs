@@ -173,6 +173,11 @@ pub async fn connect(
     }
 }
 
+/// The subject prefix of the replies a client named `name` receives: `_INBOX_<name>`.
+pub fn inbox_prefix(name: &str) -> String {
+    format!("_INBOX_{name}")
+}
+
 /// Whether TLS itself failed (a certificate missing, unknown or refused): the handshake's
 /// error arrives as an I/O error, and no retry can change its outcome.
 fn refused_in_handshake(error: &async_nats::ConnectError) -> bool {
@@ -286,6 +291,9 @@ fn options(
     }
     Ok(options
         .name(name)
+        // Replies come to the component's own inbox, so a server can let each user read
+        // only its own (deploy/nats/podstream-users.conf).
+        .custom_inbox_prefix(inbox_prefix(name))
         .connection_timeout(Duration::from_secs(5))
         // Unlimited: a NATS restart must never end the component.
         .max_reconnects(None)

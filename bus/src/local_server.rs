@@ -62,7 +62,17 @@ pub struct LocalServer {
     port: u16,
     dir: PathBuf,
     binary: PathBuf,
-    config: Option<PathBuf>,
+    config: Option<ServerConfig>,
+}
+
+/// A nats-server configuration file (TLS, users), and the environment its `$VARIABLE`
+/// references are read from.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The configuration file.
+    pub file: PathBuf,
+    /// Variables set for the server process.
+    pub env: Vec<(String, String)>,
 }
 
 impl LocalServer {
@@ -78,14 +88,14 @@ impl LocalServer {
         binary: &Path,
         dir: &Path,
         port: u16,
-        config: Option<&Path>,
+        config: Option<ServerConfig>,
     ) -> Result<LocalServer, LocalServerError> {
         let mut server = LocalServer {
             child: None,
             port,
             dir: dir.to_owned(),
             binary: binary.to_owned(),
-            config: config.map(Path::to_owned),
+            config,
         };
         server.launch()?;
         Ok(server)
@@ -121,7 +131,8 @@ impl LocalServer {
         let _ = std::fs::remove_file(&log);
         let mut command = Command::new(&self.binary);
         if let Some(config) = &self.config {
-            command.arg("-c").arg(config);
+            command.arg("-c").arg(&config.file);
+            command.envs(config.env.iter().map(|(k, v)| (k, v)));
         }
         let child = command
             .args([

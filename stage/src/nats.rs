@@ -39,12 +39,19 @@ impl NatsServer {
     }
 
     /// [`NatsServer::start`] with the nats-server configuration file `config` too (TLS,
-    /// users and their permissions).
+    /// users and their permissions), and `env` for the variables it refers to.
     ///
     /// # Panics
     /// When it cannot start.
-    pub fn start_with_config(config: &std::path::Path) -> NatsServer {
+    pub fn start_with_config(config: &std::path::Path, env: &[(&str, &str)]) -> NatsServer {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let config = podstream_bus::local_server::ServerConfig {
+            file: config.to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
         let server = LocalServer::start_configured(
             &nats_server_binary(),
             dir.path(),

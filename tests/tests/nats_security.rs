@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
+use podstream_proto::TaskKey;
 use podstream_sim::WorkerPod;
+use podstream_sink::Database;
+use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::component::Component;
 use podstream_tests::nats::NatsServer;
@@ -21,6 +23,8 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+const DAG: &str = "etl";
+const RUN: &str = "manual__2026-11-30";
 const PASSWORD: &str = "pw-never-shown-4711";
 const TOKEN: &str = "token-never-shown-0815";
 
@@ -79,12 +83,16 @@ impl Pki {
     }
 }
 
-/// Ingest, process and sink with `auth` flags all become ready on `url`, and a pod created
-/// then reaches the pod stream.
-async fn pipeline_works(url: &str, auth: &[&str], admin: async_nats::ConnectOptions) {
+/// Ingest, process and sink, each with its `auth` flags, all become ready on `url`, and a
+/// running task's pod deleted then puts its task instance up for retry: every stage worked.
+async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
     let (sim, dir) = recovery::simulator().await;
     let kubeconfig = dir.path().join("kubeconfig");
     let target = AirflowDb::sqlite(Airflow::line("2.10"));
+    let db = Database::connect(&target.url).await.unwrap();
+    db.seed(DAG, RUN, &[SeedTi::running("secured", 1)])
+        .await
+        .unwrap();
     let stages: [&[&str]; 3] = [
         &[
             "ingest",
@@ -96,7 +104,7 @@ async fn pipeline_works(url: &str, auth: &[&str], admin: async_nats::ConnectOpti
         &["sink", "--db", &target.url],
     ];
     let mut running = Vec::new();
-    for stage in stages {
+    for (stage, auth) in stages.into_iter().zip(auth) {
         let ops = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let ops_text = ops.to_string();
         let mut args: Vec<&str> = stage.to_vec();
@@ -119,17 +127,37 @@ async fn pipeline_works(url: &str, auth: &[&str], admin: async_nats::ConnectOpti
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    sim.cluster()
-        .create_pod(WorkerPod::new("secured", "1", "etl", "t", "manual__1").to_json())
+    let cluster = sim.cluster();
+    cluster
+        .create_pod(WorkerPod::new("secured-pod", "1", DAG, "secured", RUN).to_json())
         .unwrap();
-    let js = jetstream::new(admin.connect(url).await.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
+    cluster
+        .set_phase(recovery::NS, "secured-pod", "Running")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(
+        cluster
+            .delete_pod(recovery::NS, "secured-pod", Some(1))
+            .unwrap(),
+    );
+    let key = TaskKey {
+        dag_id: DAG.into(),
+        task_id: "secured".into(),
+        run_id: RUN.into(),
+        map_index: -1,
+        try_number: 1,
+        ..TaskKey::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut pods = js.get_stream("PODSTREAM_PODS").await.unwrap();
-        if pods.info().await.unwrap().state.messages > 0 {
+        let row = db.task_instance(&key).await.unwrap().unwrap();
+        if row.state == "up_for_retry" {
             break;
         }
-        assert!(Instant::now() < deadline, "no pod event with {auth:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the task instance stayed {row:?} with {auth:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for (name, _, component) in running {
@@ -210,17 +238,12 @@ authorization {{
             public = nkey.public_key(),
         ),
     );
-    let nats = NatsServer::start_with_config(&config);
+    let nats = NatsServer::start_with_config(&config, &[]);
     let url = format!("tls://127.0.0.1:{}", nats.port());
     let ca = path_str(&pki.path("ca.pem"));
     let cert = path_str(&pki.path("client.pem"));
     let key = path_str(&pki.path("client-key.pem"));
     let tls = ["--nats-ca", &ca, "--nats-cert", &cert, "--nats-key", &key];
-    let admin = || {
-        async_nats::ConnectOptions::with_user_and_password("podstream".into(), PASSWORD.into())
-            .add_root_certificates(pki.path("ca.pem"))
-            .add_client_certificate(pki.path("client.pem"), pki.path("client-key.pem"))
-    };
 
     let password = path_str(&password_file);
     let with_password: Vec<&str> = tls
@@ -233,11 +256,11 @@ authorization {{
             &password,
         ])
         .collect();
-    pipeline_works(&url, &with_password, admin()).await;
+    pipeline_works(&url, [&with_password; 3]).await;
 
     let seed = path_str(&seed);
     let with_nkey: Vec<&str> = tls.iter().copied().chain(["--nats-nkey", &seed]).collect();
-    pipeline_works(&url, &with_nkey, admin()).await;
+    pipeline_works(&url, [&with_nkey; 3]).await;
 
     // A wrong password: refused at once, naming the server and the method, not the secret.
     let wrong = path_str(&wrong_file);
@@ -286,15 +309,10 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
         "nats-server.conf",
         &format!("authorization {{ token: \"{TOKEN}\" }}\n"),
     );
-    let nats = NatsServer::start_with_config(&config);
+    let nats = NatsServer::start_with_config(&config, &[]);
     let url = nats.url();
     let token = path_str(&token_file);
-    pipeline_works(
-        &url,
-        &["--nats-token-file", &token],
-        async_nats::ConnectOptions::with_token(TOKEN.into()),
-    )
-    .await;
+    pipeline_works(&url, [&["--nats-token-file", &token]; 3]).await;
 
     // A wrong token in the URL is refused and not printed.
     let wrong = format!("nats://wrong-{TOKEN}@127.0.0.1:{}", nats.port());
@@ -321,4 +339,104 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
             "{command} --help shows a secret: {text}"
         );
     }
+}
+
+/// The shipped `deploy/nats/podstream-users.conf`: each component with its own user runs the
+/// pipeline without one refusal; the reader user replays the streams; a component with
+/// another component's user is refused what exceeds that user's permissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config() {
+    let pki = Pki::new();
+    let users = ["ingest", "process", "sink", "reader"];
+    let mut env = Vec::new();
+    for user in users {
+        let variable = format!("PODSTREAM_{}_PASSWORD", user.to_uppercase());
+        env.push((variable, format!("{user}-{PASSWORD}")));
+        pki.write(user, &format!("{user}-{PASSWORD}"));
+    }
+    std::fs::copy(
+        podstream_tests::workspace_root().join("deploy/nats/podstream-users.conf"),
+        pki.path("podstream-users.conf"),
+    )
+    .unwrap();
+    let config = pki.write("nats-server.conf", "include \"podstream-users.conf\"\n");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let nats = NatsServer::start_with_config(&config, &env);
+    let url = nats.url();
+    let files: Vec<String> = users.iter().map(|user| path_str(&pki.path(user))).collect();
+    let user_names: Vec<String> = users
+        .iter()
+        .map(|user| format!("podstream-{user}"))
+        .collect();
+    let login = |i: usize| -> [&str; 4] {
+        [
+            "--nats-user",
+            &user_names[i],
+            "--nats-password-file",
+            &files[i],
+        ]
+    };
+
+    pipeline_works(&url, [&login(0), &login(1), &login(2)]).await;
+    let refusals = |log: &str| {
+        log.lines()
+            .filter(|line| line.contains("Violation"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(refusals(&nats.log()), Vec::<String>::new());
+
+    // The reader replays both streams and tails them.
+    let replay = Command::new(podstream_binary())
+        .args(["replay", "--since", "1", "--nats", &url])
+        .args(login(3))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&replay.stdout);
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    assert!(stdout.contains("secured-pod"), "{stdout}");
+    let (status, stderr) = tail_for(&url, &login(3), Duration::from_secs(2));
+    assert!(status.is_none(), "tail runs: {stderr}");
+    assert_eq!(refusals(&nats.log()), Vec::<String>::new());
+
+    // The processor with the sink's user may not read pod events: refused, and says so.
+    let (status, stderr) = process_alone(&url, &login(2), Duration::from_secs(5));
+    assert!(status.is_none(), "{stderr}");
+    assert!(stderr.contains("Permissions Violation"), "{stderr}");
+    assert!(
+        refusals(&nats.log())
+            .iter()
+            .any(|line| line.contains("podstream-sink") && line.contains("PODSTREAM_PODS")),
+        "{}",
+        nats.log()
+    );
+}
+
+/// `podstream tail` with `auth` flags for `within`, then SIGTERM: status if it ended, stderr.
+fn tail_for(
+    url: &str,
+    auth: &[&str],
+    within: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = Command::new(podstream_binary())
+        .args(["tail", "--nats", url])
+        .args(auth)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(within);
+    let status = child.try_wait().unwrap();
+    if status.is_none() {
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    (status, String::from_utf8_lossy(&output.stderr).into_owned())
 }
