@@ -8,9 +8,10 @@ use podstream_sink::guard::{Policy, TaskFailures};
 /// Where the metadata DB is and how to log in.
 #[derive(Debug, Args)]
 pub struct DbArgs {
-    /// Metadata DB URL: sqlite:///abs/path.db or postgres://user@host:port/db (add
-    /// ?sslmode=require, or verify-full&sslrootcert=FILE, for TLS). `run` defaults to Airflow's
-    /// own SQLite file, $AIRFLOW_HOME/airflow.db (AIRFLOW_HOME defaults to ~/airflow).
+    /// Metadata DB URL: sqlite:///abs/path.db or postgres://user@host:port/db. TLS by URL
+    /// parameters: ?sslmode=verify-full&sslrootcert=CA.pem (the server's CA), and
+    /// &sslcert=FILE&sslkey=FILE for a client certificate. `run` defaults to Airflow's own
+    /// SQLite file, $AIRFLOW_HOME/airflow.db (AIRFLOW_HOME defaults to ~/airflow).
     #[arg(long = "db", env = "PODSTREAM_DB", hide_env_values = true)]
     pub db: Option<String>,
     /// File holding the database password (kept out of the URL and the process list).

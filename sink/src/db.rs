@@ -191,6 +191,10 @@ impl Database {
                 });
             match options.connect_with(connect_options.clone()).await {
                 Ok(pool) => break pool,
+                // A certificate that does not verify stays so: no retry at start.
+                Err(error) if tls_refused(&error) => {
+                    return Err(error).with_context(|| format!("TLS to {shown} failed"));
+                }
                 Err(error) if is_transient(&error) => {
                     tracing::warn!(db = %shown, %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
                     backoff.wait().await;
@@ -331,6 +335,18 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
                 || code.starts_with("40")
                 || matches!(sqlite_primary_code(&code), Some(5 | 6))
         }
+        _ => false,
+    }
+}
+
+/// Whether TLS itself failed, e.g. on a certificate that does not verify (the handshake's
+/// error arrives as an I/O error): no retry changes that.
+fn tls_refused(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.is::<rustls::Error>()),
         _ => false,
     }
 }

@@ -42,6 +42,18 @@ fn as_postgres(program: &Path) -> Command {
 pub struct PgCluster {
     dir: tempfile::TempDir,
     port: u16,
+    tls: bool,
+}
+
+/// The PEM files a cluster serves TLS with.
+#[derive(Debug, Clone)]
+pub struct PgTls {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// The CA that signs the client certificates it accepts.
+    pub ca: PathBuf,
 }
 
 impl PgCluster {
@@ -50,6 +62,20 @@ impl PgCluster {
     /// # Panics
     /// When PostgreSQL cannot start (scripts/setup.sh installs it).
     pub fn start() -> PgCluster {
+        PgCluster::init(None)
+    }
+
+    /// A cluster that takes TCP connections over TLS only: `postgres` without a password
+    /// (for the harness), `podstream_cert` by client certificate, everyone else by password
+    /// (scram-sha-256).
+    ///
+    /// # Panics
+    /// When PostgreSQL cannot start.
+    pub fn start_with_tls(tls: &PgTls) -> PgCluster {
+        PgCluster::init(Some(tls))
+    }
+
+    fn init(tls: Option<&PgTls>) -> PgCluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
         let port = crate::free_port();
@@ -65,7 +91,35 @@ impl PgCluster {
             matches!(status, Ok(s) if s.success()),
             "initdb failed: {status:?}"
         );
-        let cluster = PgCluster { dir, port };
+        if let Some(tls) = tls {
+            // The server reads its key only when the key is its own and private.
+            for (from, to) in [
+                (&tls.cert, "server.crt"),
+                (&tls.key, "server.key"),
+                (&tls.ca, "root.crt"),
+            ] {
+                let to = data.join(to);
+                std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copying {to:?}: {e}"));
+                let _ = Command::new("chmod").arg("600").arg(&to).status();
+                if is_root() {
+                    let _ = Command::new("chown").arg("postgres").arg(&to).status();
+                }
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all postgres 127.0.0.1/32 trust\n\
+                 hostssl all podstream_cert 127.0.0.1/32 cert\n\
+                 hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                 hostnossl all all 127.0.0.1/32 reject\n",
+            )
+            .unwrap_or_else(|e| panic!("writing pg_hba.conf: {e}"));
+        }
+        let cluster = PgCluster {
+            dir,
+            port,
+            tls: tls.is_some(),
+        };
         cluster.pg_ctl_start();
         cluster
     }
@@ -73,7 +127,10 @@ impl PgCluster {
     fn pg_ctl_start(&self) {
         // `PODSTREAM_TEST_PG_OPTIONS` adds server options, e.g. statement logging when
         // looking into a benchmark.
-        let extra = std::env::var("PODSTREAM_TEST_PG_OPTIONS").unwrap_or_default();
+        let mut extra = std::env::var("PODSTREAM_TEST_PG_OPTIONS").unwrap_or_default();
+        if self.tls {
+            extra.push_str(" -c ssl=on -c ssl_ca_file=root.crt");
+        }
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
             self.port,

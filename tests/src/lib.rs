@@ -4,6 +4,7 @@
 
 pub mod bus;
 pub mod component;
+pub mod pki;
 pub mod recovery;
 pub mod sink;
 

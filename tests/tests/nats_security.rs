@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,71 +17,13 @@ use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::component::Component;
 use podstream_tests::nats::NatsServer;
+use podstream_tests::pki::Pki;
 use podstream_tests::{free_port, http_get, podstream_binary, recovery};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 
 const DAG: &str = "etl";
 const RUN: &str = "manual__2026-11-30";
 const PASSWORD: &str = "pw-never-shown-4711";
 const TOKEN: &str = "token-never-shown-0815";
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "podstream test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
-        let ca = Issuer::new(ca_params, ca_key);
-        for (name, sans, usage) in [
-            (
-                "server",
-                vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-                ExtendedKeyUsagePurpose::ServerAuth,
-            ),
-            (
-                "client",
-                vec!["podstream".to_owned()],
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ),
-        ] {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(sans).unwrap();
-            params.extended_key_usages = vec![usage];
-            let cert = params.signed_by(&key, &ca).unwrap();
-            std::fs::write(dir.path().join(format!("{name}.pem")), cert.pem()).unwrap();
-            std::fs::write(
-                dir.path().join(format!("{name}-key.pem")),
-                key.serialize_pem(),
-            )
-            .unwrap();
-        }
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.path(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
 
 /// Ingest, process and sink, each with its `auth` flags, all become ready on `url`, and a
 /// running task's pod deleted then puts its task instance up for retry: every stage worked.
@@ -211,6 +153,7 @@ fn path_str(path: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_with_a_password_or_an_nkey_and_a_wrong_one_refused_at_once() {
     let pki = Pki::new();
+    pki.client("podstream");
     let nkey = nkeys::KeyPair::new_user();
     let seed = pki.write("user.nk", &nkey.seed().unwrap());
     let password_file = pki.write("password", &format!("{PASSWORD}\n"));
@@ -241,8 +184,8 @@ authorization {{
     let nats = NatsServer::start_with_config(&config, &[]);
     let url = format!("tls://127.0.0.1:{}", nats.port());
     let ca = path_str(&pki.path("ca.pem"));
-    let cert = path_str(&pki.path("client.pem"));
-    let key = path_str(&pki.path("client-key.pem"));
+    let cert = path_str(&pki.path("podstream.pem"));
+    let key = path_str(&pki.path("podstream-key.pem"));
     let tls = ["--nats-ca", &ca, "--nats-cert", &cert, "--nats-key", &key];
 
     let password = path_str(&password_file);
