@@ -22,12 +22,14 @@ pub enum LocalServerError {
         source: std::io::Error,
     },
     /// It started but did not report ready.
-    #[error("nats-server did not become ready within {seconds} s; see {log}")]
+    #[error("nats-server did not become ready within {seconds} s; see {log}: {last}")]
     NotReady {
         /// How long we waited.
         seconds: u64,
         /// Its log file.
         log: String,
+        /// The last lines it wrote (a configuration error goes to stderr, not the log).
+        last: String,
     },
     /// The storage dir could not be made.
     #[error("cannot create {dir}: {source}")]
@@ -148,7 +150,10 @@ impl LocalServer {
             .arg(&log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.join("nats-server.stderr"))
+                    .map_or_else(|_| Stdio::null(), Stdio::from),
+            )
             .spawn()
             .map_err(|source| LocalServerError::Spawn {
                 binary: self.binary.display().to_string(),
@@ -166,9 +171,16 @@ impl LocalServer {
                 .as_mut()
                 .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
             if exited || started.elapsed() > limit {
+                let written = [log.clone(), self.dir.join("nats-server.stderr")]
+                    .iter()
+                    .filter_map(|file| std::fs::read_to_string(file).ok())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let lines: Vec<&str> = written.lines().filter(|l| !l.is_empty()).collect();
                 return Err(LocalServerError::NotReady {
                     seconds: limit.as_secs(),
                     log: log.display().to_string(),
+                    last: lines[lines.len().saturating_sub(5)..].join(" | "),
                 });
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -1,4 +1,5 @@
-//! podstream against a nats-server that asks for TLS and credentials. Every way to log in
+//! podstream against a nats-server that asks for TLS and credentials (passwords, nkeys,
+//! tokens, JWT credentials files, and the shipped least-privilege users). Every way to log in
 //! works for `ingest`, `process` and `sink` (each becomes ready and the pipeline moves); a
 //! wrong credential or a missing client certificate ends the component at once with an
 //! error naming the server and the method, never the secret; `--help` shows no secret.
@@ -382,4 +383,93 @@ fn tail_for(
     }
     let output = child.wait_with_output().unwrap();
     (status, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A JWT as nats-server reads it: `claims` for `subject`, signed by `issuer`.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = serde_json::json!({"typ": "JWT", "alg": "ed25519-nkey"});
+    let claims = serde_json::json!({
+        "jti": format!("{subject}-{name}"),
+        "iat": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        "iss": issuer.public_key(),
+        "sub": subject,
+        "name": name,
+        "nats": nats,
+    });
+    let signed = format!(
+        "{}.{}",
+        b64.encode(header.to_string()),
+        b64.encode(claims.to_string())
+    );
+    let signature = issuer.sign(signed.as_bytes()).unwrap();
+    format!("{signed}.{}", b64.encode(signature))
+}
+
+/// A server in operator mode (JWT accounts, as NGS and nsc set up) and a `.creds` file for
+/// a user of an account with JetStream: the pipeline runs with `--nats-creds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentials_file_on_a_server_in_operator_mode() {
+    let pki = Pki::new();
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "podstream-test",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "airflow",
+        serde_json::json!({"type": "account", "version": 2, "limits": unlimited}),
+    );
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "podstream",
+        serde_json::json!({"type": "user", "version": 2, "subs": -1, "data": -1, "payload": -1}),
+    );
+    let config = pki.write(
+        "nats-server.conf",
+        &format!(
+            "operator: {operator_jwt}\nsystem_account: {system}\nresolver: MEMORY\n\
+             resolver_preload: {{\n  {account}: {account_jwt}\n  {system}: {system_jwt}\n}}\n",
+            account = account.public_key(),
+            system = system.public_key(),
+        ),
+    );
+    let creds = pki.write(
+        "podstream.creds",
+        &format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        ),
+    );
+    let nats = NatsServer::start_with_config(&config, &[]);
+    let creds = path_str(&creds);
+    pipeline_works(&nats.url(), [&["--nats-creds", &creds]; 3]).await;
+
+    // Without the file: refused at once.
+    let stderr = refused(&nats.url(), &[], Duration::from_secs(15));
+    assert!(stderr.contains("refused"), "{stderr}");
 }
