@@ -14,6 +14,8 @@
 #                    cncf.kubernetes provider in a venv, and their migrated metadata DBs
 #                    cached (scripts/airflow-db.sh); podstream-airflow (this repo's executor
 #                    package, editable) with nats-py and pytest in each
+#   deploy checks    PyPI kubernetes-validate and checkov, pinned, in target/tools/deploy:
+#                    the deploy suite checks the manifests under deploy/ with them, offline
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
@@ -57,6 +59,19 @@ if [ ! -x "$tools/bin/nats-server" ]; then
     ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
 fi
 echo "setup: $("$tools/bin/nats-server" --version)"
+
+# The checkers of deploy/'s manifests and image recipe (tests/tests/deploy.rs).
+KUBERNETES_VALIDATE_VERSION="1.37.0"
+CHECKOV_VERSION="3.3.30"
+if ! "$tools/deploy/bin/python" -c "
+from importlib.metadata import version
+assert version('kubernetes-validate') == '$KUBERNETES_VALIDATE_VERSION'
+assert version('checkov') == '$CHECKOV_VERSION'" 2>/dev/null; then
+    echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION and checkov $CHECKOV_VERSION"
+    python3 -m venv "$tools/deploy"
+    "$tools/deploy/bin/pip" install -q --disable-pip-version-check \
+        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" "checkov==$CHECKOV_VERSION"
+fi
 
 # Airflow, and metadata DBs made by its own migrations (cached under target/airflow-db).
 "$root/scripts/airflow-db.sh"

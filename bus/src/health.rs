@@ -59,12 +59,14 @@ impl Health {
     pub fn declare(&self, condition: Condition) {
         self.met[condition.index()].store(false, Ordering::Release);
         self.declared[condition.index()].store(true, Ordering::Release);
+        report(condition, false);
     }
 
     /// Marks `condition` met or not; logs when it changes.
     pub fn set(&self, condition: Condition, met: bool) {
         let was = self.met[condition.index()].swap(met, Ordering::AcqRel);
         if was != met && self.declared[condition.index()].load(Ordering::Acquire) {
+            report(condition, met);
             // Info, not warn: the fault behind a change logs its own warning.
             if met {
                 tracing::info!(condition = condition.name(), "ready");
@@ -87,6 +89,15 @@ impl Health {
     pub fn ready(&self) -> bool {
         self.conditions().iter().all(|(_, met)| *met)
     }
+}
+
+/// The condition as the [`crate::metrics::READY`] gauge.
+fn report(condition: Condition, met: bool) {
+    metrics::gauge!(crate::metrics::READY, "condition" => condition.name()).set(if met {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 #[cfg(test)]

@@ -9,8 +9,12 @@
 pub const INGEST_EVENTS_PUBLISHED: &str = "podstream_ingest_events_published_total";
 /// Counter: lists the ingest's watch completed (at start, and after each 410 or error).
 pub const INGEST_LISTS: &str = "podstream_ingest_lists_total";
-/// Counter: errors of the ingest's Kubernetes watch (each retried with backoff).
+/// Counter: errors of the ingest's Kubernetes watch (each retried with backoff), other
+/// than [`INGEST_WATCH_EXPIRED`].
 pub const INGEST_WATCH_ERRORS: &str = "podstream_ingest_watch_errors_total";
+/// Counter: watches the apiserver ended with 410 Gone (its history compacted past the
+/// watch's revision); each is followed by a list.
+pub const INGEST_WATCH_EXPIRED: &str = "podstream_ingest_watch_expired_total";
 /// Gauge: 1 while this ingest holds the Lease (or runs without an election), else 0.
 pub const INGEST_LEADER: &str = "podstream_ingest_leader";
 /// Histogram: seconds from sending a pod event to JetStream's ack.
@@ -30,6 +34,9 @@ pub const SINK_BATCH_SECONDS: &str = "podstream_sink_batch_seconds";
 pub const SINK_BATCH_RETRIES: &str = "podstream_sink_batch_retries_total";
 /// Counter: dead letters stored; label `stage`.
 pub const DEAD_LETTERS: &str = "podstream_dead_letters_total";
+/// Gauge: 1 while a readiness condition of this process is met, else 0; label `condition`
+/// (`watch_synced`, `consumer_bound`, `database_answers`), as `/readyz` reports them.
+pub const READY: &str = "podstream_ready";
 /// Gauge: messages of a stage's consumer not yet delivered; label `consumer`.
 pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
 

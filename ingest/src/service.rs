@@ -301,8 +301,13 @@ pub async fn run(
                                 *done = false;
                             }
                             health.set(Condition::WatchSynced, false);
-                            metrics::counter!(podstream_bus::metrics::INGEST_WATCH_ERRORS).increment(1);
-                            tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff");
+                            if is_expired(&error) {
+                                metrics::counter!(podstream_bus::metrics::INGEST_WATCH_EXPIRED).increment(1);
+                                tracing::info!(namespace = ?scope(), "watch history gone (410); listing again");
+                            } else {
+                                metrics::counter!(podstream_bus::metrics::INGEST_WATCH_ERRORS).increment(1);
+                                tracing::warn!(namespace = ?scope(), %error, "Kubernetes watch failed; retrying with backoff");
+                            }
                         }
                     }
                     taken += 1;
@@ -335,6 +340,12 @@ enum Watched {
     List(ListInput<Projected>),
     /// The watch failed; kube-runtime retries with backoff.
     Failed(Box<watcher::Error>),
+}
+
+/// Whether the apiserver ended the watch with 410 Gone: its history was compacted past the
+/// watch's revision, a routine event that a list answers, not a fault.
+fn is_expired(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::WatchError(status) if status.code == 410)
 }
 
 impl Watched {

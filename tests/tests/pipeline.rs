@@ -140,9 +140,32 @@ async fn run_plays_the_seed_stories_on_postgres() {
         .unwrap();
     assert!(duplicates >= 1, "the duplicate pods are recorded");
 
+    // The apiserver compacts its history while the watch reconnects: a 410, then a list.
+    cluster.set_latency(Duration::from_millis(300));
+    cluster.drop_watches();
+    let mut other = WorkerPod::new("other-1", "1", DAG, "other", RUN).to_json();
+    other["metadata"]["labels"]["airflow-worker"] = "9".into();
+    cluster.create_pod(other).unwrap();
+    cluster.compact();
+    cluster.set_latency(Duration::ZERO);
+    let readyz = || podstream_tests::http_get(ops, "/readyz").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let (status, metrics) = podstream_tests::http_get(ops, "/metrics").unwrap();
+        assert_eq!(status, 200);
+        let expired = podstream_tests::metric_sum(
+            &metrics,
+            podstream_bus::metrics::INGEST_WATCH_EXPIRED,
+            &[],
+        );
+        if expired >= 1.0 && readyz().0 == 200 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "no 410 counted: {metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
     // The operations endpoint: counters moved, ready; not ready while the database is down.
-    let (status, metrics) = podstream_tests::http_get(ops, "/metrics").unwrap();
-    assert_eq!(status, 200);
     let sum = |metric: &str, labels: &[&str]| podstream_tests::metric_sum(&metrics, metric, labels);
     use podstream_bus::metrics as m;
     assert!(sum(m::INGEST_EVENTS_PUBLISHED, &[]) >= 8.0, "{metrics}");
@@ -168,8 +191,11 @@ async fn run_plays_the_seed_stories_on_postgres() {
             "{metrics}"
         );
     }
+    for condition in ["watch_synced", "consumer_bound", "database_answers"] {
+        let label = format!("condition=\"{condition}\"");
+        assert_eq!(sum(m::READY, &[&label]), 1.0, "{metrics}");
+    }
     assert_eq!(podstream_tests::http_get(ops, "/healthz").unwrap().0, 200);
-    let readyz = || podstream_tests::http_get(ops, "/readyz").unwrap();
     assert_eq!(readyz().0, 200, "{}", readyz().1);
 
     pg.stop();
@@ -188,6 +214,13 @@ async fn run_plays_the_seed_stories_on_postgres() {
     };
     let body = until(503, Duration::from_secs(30));
     assert!(body.contains("database_answers: not ready"), "{body}");
+    let (_, metrics) = podstream_tests::http_get(ops, "/metrics").unwrap();
+    let label = "condition=\"database_answers\"";
+    assert_eq!(
+        podstream_tests::metric_sum(&metrics, m::READY, &[label]),
+        0.0,
+        "{metrics}"
+    );
     pg.restart();
     until(200, Duration::from_secs(60));
     assert!(run.terminate().success(), "run exits 0 on SIGTERM");
