@@ -40,6 +40,25 @@ pub const READY: &str = "podstream_ready";
 /// Gauge: messages of a stage's consumer not yet delivered; label `consumer`.
 pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
 
+/// Every metric above, for the dashboard's and the docs' checks.
+pub const ALL: [&str; 15] = [
+    INGEST_EVENTS_PUBLISHED,
+    INGEST_LISTS,
+    INGEST_WATCH_ERRORS,
+    INGEST_WATCH_EXPIRED,
+    INGEST_LEADER,
+    INGEST_PUBLISH_ACK_SECONDS,
+    PROCESSOR_EVENTS_DECIDED,
+    PROCESSOR_COMMANDS,
+    PROCESSOR_RETRIES,
+    SINK_COMMANDS,
+    SINK_BATCH_SECONDS,
+    SINK_BATCH_RETRIES,
+    DEAD_LETTERS,
+    READY,
+    CONSUMER_PENDING,
+];
+
 /// How often [`report_pending`] asks JetStream for the consumers' lag.
 const PENDING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 

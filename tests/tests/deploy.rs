@@ -216,3 +216,43 @@ fn assert_clean(report: &str) {
     assert!(count("Passed checks: ") > 0, "{report}");
     assert_eq!(count("Failed checks: "), 0, "{report}");
 }
+
+/// Every metric the dashboard queries is one podstream exports, every exported metric is on
+/// it, and the reference documents each.
+#[test]
+fn the_dashboard_and_the_reference_show_exactly_the_exported_metrics() {
+    use podstream_bus::metrics::ALL;
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("deploy/grafana/podstream.json")).unwrap(),
+    )
+    .unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("podstream_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .unwrap_or(&name)
+                    .to_owned();
+                assert!(ALL.contains(&base.as_str()), "{base} is not exported");
+                queried.insert(base);
+            }
+        }
+    }
+    let exported: std::collections::BTreeSet<String> =
+        ALL.iter().map(|m| (*m).to_owned()).collect();
+    assert_eq!(queried, exported, "the dashboard leaves out some");
+    let reference = std::fs::read_to_string(workspace_root().join("docs/reference.md")).unwrap();
+    for metric in ALL {
+        assert!(
+            reference.contains(&format!("`{metric}`")),
+            "{metric} undocumented"
+        );
+    }
+}
