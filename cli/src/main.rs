@@ -22,6 +22,8 @@ mod sim;
 mod sink;
 mod stream_args;
 mod tail;
+mod timeline;
+mod timeline_page;
 
 use std::process::ExitCode;
 

@@ -18,13 +18,16 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::decide::RulesArgs;
 use crate::lines;
+use crate::timeline::Timeline;
+use crate::timeline_page;
 
 /// Flags of `podstream replay`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     podstream replay --since 2026-11-30T10:00:00Z --task etl/load/scheduled__2026-11-30T09:00:00+00:00\n  \
     podstream replay --since 1 --pod etl-load-x7k2 --json\n  \
-    podstream replay --since 1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?")]
+    podstream replay --since 1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?\n  \
+    podstream replay --since 2026-11-30T00:00:00Z --task etl/load/scheduled__2026-11-30T00:00:00+00:00 --html load.html")]
 pub struct ReplayArgs {
     #[command(flatten)]
     nats: NatsArgs,
@@ -49,6 +52,10 @@ pub struct ReplayArgs {
     /// One JSON object per line instead of text.
     #[arg(long, env = "PODSTREAM_JSON")]
     json: bool,
+    /// Write the timeline as one self-contained HTML page to FILE (a lane per task instance,
+    /// a bar per pod, podstream's commands as marks) instead of printing it.
+    #[arg(long, env = "PODSTREAM_REPLAY_HTML", value_name = "FILE")]
+    html: Option<std::path::PathBuf>,
     #[command(flatten)]
     rules: RulesArgs,
 }
@@ -188,6 +195,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         let mut printed = 0usize;
         let mut replayed = 0usize;
         let mut decide = args.decide.then(|| Redecide::new(args));
+        let mut differences = 0usize;
+        let mut timeline = args.html.as_ref().map(|_| Timeline::new());
         let (mut next_pod, mut next_command) = (pods.next().await?, commands.next().await?);
         loop {
             // Pod events before commands at the same instant: a command follows its event.
@@ -216,17 +225,37 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             if let Some(decide) = decide.as_mut()
                 && !left
             {
-                if entry.stream == "pods" {
-                    if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
-                        decide.event(&event);
-                    }
-                } else if let Ok(command) = Command::decode(entry.payload.as_ref()) {
-                    decide.recorded(command);
+                let found = if entry.stream == "pods" {
+                    PodEvent::decode(entry.payload.as_ref())
+                        .map(|event| decide.event(&event))
+                        .unwrap_or_default()
+                } else {
+                    Command::decode(entry.payload.as_ref())
+                        .ok()
+                        .and_then(|command| decide.recorded(command))
+                        .into_iter()
+                        .collect()
+                };
+                for difference in found {
+                    differences += 1;
+                    show_difference(&difference, timeline.as_mut(), args.json);
                 }
             }
             if let Some(name) = &args.pod
                 && pod.as_deref() != Some(name.as_str())
             {
+                continue;
+            }
+            if let Some(timeline) = timeline.as_mut() {
+                let at = (entry.time.unix_timestamp_nanos() / 1_000_000) as i64;
+                if entry.stream == "pods" {
+                    if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
+                        timeline.pod_event(at, entry.sequence, &event);
+                    }
+                } else if !left && let Ok(command) = Command::decode(entry.payload.as_ref()) {
+                    timeline.command(at, entry.sequence, &command);
+                }
+                printed += 1;
                 continue;
             }
             let line = lines::describe(
@@ -252,10 +281,32 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         pods.finish();
         commands.finish();
-        eprintln!("replayed {replayed} messages, {printed} shown");
         if let Some(decide) = decide {
-            let differences = decide.finish();
+            for difference in decide.finish() {
+                differences += 1;
+                show_difference(&difference, timeline.as_mut(), args.json);
+            }
+        }
+        eprintln!("replayed {replayed} messages, {printed} shown");
+        if args.decide {
             eprintln!("--decide: {differences} difference(s) between then and today's rules");
+        }
+        if let (Some(timeline), Some(file)) = (timeline, &args.html) {
+            let page = timeline_page::render(
+                &timeline,
+                "podstream replay",
+                "Narrow the selection with --task, --pod, --since or --until.",
+            );
+            std::fs::write(file, page).with_context(|| format!("writing {}", file.display()))?;
+            eprintln!(
+                "wrote {}: {} task instance(s){}",
+                file.display(),
+                timeline.lanes().len(),
+                match timeline.left_out() {
+                    0 => String::new(),
+                    n => format!(", {n} left out"),
+                }
+            );
         }
         Ok(())
     })
@@ -429,42 +480,62 @@ fn identify(payload: &[u8], stream: &str) -> (Option<TaskKey>, Option<String>) {
     }
 }
 
+/// A command decided then and what today's rules decide instead; either may be missing.
+struct Difference {
+    then: Option<Command>,
+    today: Option<Command>,
+}
+
+/// Prints a difference, or marks it on the page being made.
+fn show_difference(difference: &Difference, timeline: Option<&mut Timeline>, json: bool) {
+    if let Some(timeline) = timeline {
+        timeline.difference(difference.then.as_ref(), difference.today.as_ref());
+        return;
+    }
+    match (&difference.then, &difference.today) {
+        (Some(then), Some(today)) => {
+            println!("differs  then: {}", lines::command_line(then, "", json));
+            println!("         today: {}", lines::command_line(today, "", json));
+        }
+        (Some(then), None) => println!("then only: {}", lines::command_line(then, "", json)),
+        (None, Some(today)) => println!("today only: {}", lines::command_line(today, "", json)),
+        (None, None) => {}
+    }
+}
+
 /// `--decide`: today's rules over the replayed pod events, beside the commands recorded then,
 /// matched by command id as they come; only the unmatched are kept.
-struct Redecide<'a> {
-    args: &'a ReplayArgs,
+struct Redecide {
     processor: Processor<MemoryStore>,
     /// Commands seen on one side only so far: (then, today).
     unmatched: BTreeMap<String, (Option<Command>, Option<Command>)>,
-    differences: usize,
 }
 
-impl<'a> Redecide<'a> {
-    fn new(args: &'a ReplayArgs) -> Redecide<'a> {
+impl Redecide {
+    fn new(args: &ReplayArgs) -> Redecide {
         Redecide {
-            args,
             processor: Processor::new(args.rules.rules(), MemoryStore::default()),
             unmatched: BTreeMap::new(),
-            differences: 0,
         }
     }
 
-    /// Decides a replayed pod event with today's rules.
-    fn event(&mut self, event: &PodEvent) {
-        if let Ok(commands) = self.processor.handle(event) {
-            for command in commands {
-                let command = command.into_command();
-                self.side(command, false);
-            }
-        }
+    /// Decides a replayed pod event with today's rules; the differences it settles.
+    fn event(&mut self, event: &PodEvent) -> Vec<Difference> {
+        let Ok(commands) = self.processor.handle(event) else {
+            return Vec::new();
+        };
+        commands
+            .into_iter()
+            .filter_map(|command| self.side(command.into_command(), false))
+            .collect()
     }
 
-    /// A command as it was decided then.
-    fn recorded(&mut self, command: Command) {
-        self.side(command, true);
+    /// A command as it was decided then; the difference it settles, if any.
+    fn recorded(&mut self, command: Command) -> Option<Difference> {
+        self.side(command, true)
     }
 
-    fn side(&mut self, command: Command, then: bool) {
+    fn side(&mut self, command: Command, then: bool) -> Option<Difference> {
         let id = command.id.clone();
         let sides = self.unmatched.entry(id.clone()).or_default();
         if then {
@@ -472,43 +543,18 @@ impl<'a> Redecide<'a> {
         } else {
             sides.1 = Some(command);
         }
-        if let (Some(then), Some(today)) = sides {
-            if then != today {
-                self.differences += 1;
-                println!(
-                    "differs  then: {}",
-                    lines::command_line(then, "", self.args.json)
-                );
-                println!(
-                    "         today: {}",
-                    lines::command_line(today, "", self.args.json)
-                );
-            }
-            self.unmatched.remove(&id);
+        if sides.0.is_none() || sides.1.is_none() {
+            return None;
         }
+        let (then, today) = self.unmatched.remove(&id)?;
+        (then != today).then_some(Difference { then, today })
     }
 
-    /// Prints what was decided on one side only; returns the number of differences.
-    fn finish(self) -> usize {
-        let mut differences = self.differences;
-        for (then, today) in self.unmatched.into_values() {
-            differences += 1;
-            match (then, today) {
-                (Some(then), None) => {
-                    println!(
-                        "then only: {}",
-                        lines::command_line(&then, "", self.args.json)
-                    )
-                }
-                (None, Some(today)) => {
-                    println!(
-                        "today only: {}",
-                        lines::command_line(&today, "", self.args.json)
-                    )
-                }
-                _ => {}
-            }
-        }
-        differences
+    /// What was decided on one side only.
+    fn finish(self) -> Vec<Difference> {
+        self.unmatched
+            .into_values()
+            .map(|(then, today)| Difference { then, today })
+            .collect()
     }
 }
