@@ -59,6 +59,10 @@ pub struct DemoArgs {
     /// With --airflow: the Airflow release line to run, from sink/airflow-versions.tsv.
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VERSION", default_value = "3.1")]
     pub airflow_version: String,
+    /// Also write the stories' timeline as one HTML page to FILE (a lane per story), as
+    /// `podstream replay --html` draws it.
+    #[arg(long, env = "PODSTREAM_DEMO_HTML", value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// One story: a task instance, what happens to its pods, and how it must end.
@@ -222,6 +226,16 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     };
     let _ = stop.send(());
     running.await.context("the pipeline panicked")??;
+    if let Some(file) = &args.html {
+        let subjects = config(nats_url).bus.subjects()?;
+        let timeline = crate::replay::timeline_of(&js, &subjects).await?;
+        let page = crate::timeline_page::render(&timeline, "podstream demo: the stories", "");
+        std::fs::write(file, page).with_context(|| format!("writing {}", file.display()))?;
+        eprintln!(
+            "podstream demo: the stories' timeline is in {}",
+            file.display()
+        );
+    }
     let watchers = airflow_watchers(args, sim.cluster()).await;
     sim.shutdown().await;
     Ok(report(&rows, &commands, &watchers))

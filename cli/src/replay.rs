@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::Order
 use clap::Args;
 use futures::StreamExt;
 use podstream_processor::{MemoryStore, Processor};
-use podstream_proto::subject::{ROLE_HEADER, Role, Stream};
+use podstream_proto::subject::{ROLE_HEADER, Role, Stream, Subjects};
 use podstream_proto::{Command, PodEvent, TaskKey};
 use prost::Message as _;
 use time::OffsetDateTime;
@@ -165,53 +165,14 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         )
         .await?;
         let js = jetstream::new(client);
-        let pods_name = subjects.stream_name(Stream::PodEvents);
-        let commands_name = subjects.stream_name(Stream::Commands);
-        let pods_start = start_policy(&js, &pods_name, args.since).await?;
-        let since_time = match (args.since, &pods_start) {
-            (Position::Time(time), _) => time,
-            (Position::Sequence(_), Some((_, time))) => *time,
-            (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
-        };
-        let mut pods = match pods_start {
-            Some((policy, _)) => Reader::open(&js, &pods_name, "pods", policy, args.until).await?,
-            None => Reader::Empty,
-        };
-        let mut commands = Reader::open(
-            &js,
-            &commands_name,
-            "commands",
-            DeliverPolicy::ByStartTime {
-                start_time: since_time,
-            },
-            args.until.map(|u| match u {
-                // A pod-event sequence says nothing about command sequences: stop at its time.
-                Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
-                time => time,
-            }),
-        )
-        .await?;
+        let mut history = History::open(&js, &subjects, args.since, args.until).await?;
 
         let mut printed = 0usize;
         let mut replayed = 0usize;
         let mut decide = args.decide.then(|| Redecide::new(args));
         let mut differences = 0usize;
         let mut timeline = args.html.as_ref().map(|_| Timeline::new());
-        let (mut next_pod, mut next_command) = (pods.next().await?, commands.next().await?);
-        loop {
-            // Pod events before commands at the same instant: a command follows its event.
-            let pod_first = match (&next_pod, &next_command) {
-                (Some(pod), Some(command)) => (pod.time, pod.sequence) <= (command.time, u64::MAX),
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            let entry = if pod_first {
-                std::mem::replace(&mut next_pod, pods.next().await?)
-            } else {
-                std::mem::replace(&mut next_command, commands.next().await?)
-            };
-            let Some(entry) = entry else { break };
+        while let Some(entry) = history.next().await? {
             replayed += 1;
             let (task, pod) = identify(&entry.payload, entry.stream);
             if let Some(filter) = &args.task
@@ -247,14 +208,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 continue;
             }
             if let Some(timeline) = timeline.as_mut() {
-                let at = (entry.time.unix_timestamp_nanos() / 1_000_000) as i64;
-                if entry.stream == "pods" {
-                    if let Ok(event) = PodEvent::decode(entry.payload.as_ref()) {
-                        timeline.pod_event(at, entry.sequence, &event);
-                    }
-                } else if !left && let Ok(command) = Command::decode(entry.payload.as_ref()) {
-                    timeline.command(at, entry.sequence, &command);
-                }
+                entry.add_to(timeline);
                 printed += 1;
                 continue;
             }
@@ -279,8 +233,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             }
             printed += 1;
         }
-        pods.finish();
-        commands.finish();
+        history.finish();
         if let Some(decide) = decide {
             for difference in decide.finish() {
                 differences += 1;
@@ -310,6 +263,107 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The whole history as a timeline: what `podstream demo --html` draws.
+pub async fn timeline_of(js: &jetstream::Context, subjects: &Subjects) -> anyhow::Result<Timeline> {
+    let mut history = History::open(js, subjects, Position::Sequence(1), None).await?;
+    let mut timeline = Timeline::new();
+    while let Some(entry) = history.next().await? {
+        entry.add_to(&mut timeline);
+    }
+    history.finish();
+    Ok(timeline)
+}
+
+impl Entry {
+    /// Feeds this message to `timeline`; a previous owner's copy of a command is left out
+    /// (the command itself is on the new owner's subject).
+    fn add_to(&self, timeline: &mut Timeline) {
+        let at = (self.time.unix_timestamp_nanos() / 1_000_000) as i64;
+        if self.stream == "pods" {
+            if let Ok(event) = PodEvent::decode(self.payload.as_ref()) {
+                timeline.pod_event(at, self.sequence, &event);
+            }
+        } else if self.role.as_deref() != Some(Role::Left.as_str())
+            && let Ok(command) = Command::decode(self.payload.as_ref())
+        {
+            timeline.command(at, self.sequence, &command);
+        }
+    }
+}
+
+/// Both streams read at once and merged in time order as they arrive (pod events before
+/// the commands of the same instant: a command follows its event).
+struct History {
+    pods: Reader,
+    commands: Reader,
+    next_pod: Option<Entry>,
+    next_command: Option<Entry>,
+}
+
+impl History {
+    /// From `since` to `until` (or the streams' ends now).
+    async fn open(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        since: Position,
+        until: Option<Position>,
+    ) -> anyhow::Result<History> {
+        let pods_name = subjects.stream_name(Stream::PodEvents);
+        let commands_name = subjects.stream_name(Stream::Commands);
+        let pods_start = start_policy(js, &pods_name, since).await?;
+        let since_time = match (since, &pods_start) {
+            (Position::Time(time), _) => time,
+            (Position::Sequence(_), Some((_, time))) => *time,
+            (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
+        };
+        let mut pods = match pods_start {
+            Some((policy, _)) => Reader::open(js, &pods_name, "pods", policy, until).await?,
+            None => Reader::Empty,
+        };
+        let mut commands = Reader::open(
+            js,
+            &commands_name,
+            "commands",
+            DeliverPolicy::ByStartTime {
+                start_time: since_time,
+            },
+            until.map(|u| match u {
+                // A pod-event sequence says nothing about command sequences: stop at its time.
+                Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
+                time => time,
+            }),
+        )
+        .await?;
+        let (next_pod, next_command) = (pods.next().await?, commands.next().await?);
+        Ok(History {
+            pods,
+            commands,
+            next_pod,
+            next_command,
+        })
+    }
+
+    /// The next message of either stream, or `None` at the end of both.
+    async fn next(&mut self) -> anyhow::Result<Option<Entry>> {
+        let pod_first = match (&self.next_pod, &self.next_command) {
+            (Some(pod), Some(command)) => (pod.time, pod.sequence) <= (command.time, u64::MAX),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return Ok(None),
+        };
+        Ok(if pod_first {
+            std::mem::replace(&mut self.next_pod, self.pods.next().await?)
+        } else {
+            std::mem::replace(&mut self.next_command, self.commands.next().await?)
+        })
+    }
+
+    fn finish(&self) {
+        self.pods.finish();
+        self.commands.finish();
+    }
 }
 
 /// Where to start reading `stream`, and the time of that point; `None` when the stream does

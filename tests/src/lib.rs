@@ -2,6 +2,7 @@
 //! binary, a real `nats-server` ([`nats`]), stock kubectl, and (through
 //! `podstream_sim::Server`) the Kubernetes API simulator.
 
+pub mod browser;
 pub mod bus;
 pub mod component;
 pub mod pki;

@@ -24,7 +24,9 @@ fn demo(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn demo_plays_every_story_and_exits_0() {
-    let output = demo(&[]);
+    let out = tempfile::tempdir().unwrap();
+    let page = out.path().join("stories.html");
+    let output = demo(&["--html", &page.display().to_string()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -71,6 +73,20 @@ fn demo_plays_every_story_and_exits_0() {
         assert_eq!(said(5), "scheduler 1: completed (fine-1)");
     }
     assert!(!stdout.contains("not checked"), "{stdout}");
+
+    // --html: the same stories as a page, a lane per story, as a browser builds it.
+    let dom = podstream_tests::browser::dom(&page);
+    assert_eq!(dom.matches("<section class=\"lane\"").count(), 5, "{dom}");
+    for task in ["adopted", "survivor", "twins", "broken", "fine"] {
+        assert!(
+            dom.contains(&format!("data-ti=\"podstream_demo/{task}/")),
+            "{task}: {dom}"
+        );
+    }
+    assert!(
+        dom.contains("class=\"pod driver\" data-pod=\"twins-1\""),
+        "{dom}"
+    );
 }
 
 /// The report's lines for story `n` (from `n. ` to the next blank line).

@@ -16,26 +16,11 @@ use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::component::Component;
 use podstream_tests::nats::NatsServer;
-use podstream_tests::podstream_binary;
 use podstream_tests::recovery::{self, NS};
+use podstream_tests::{browser, podstream_binary};
 
 const DAG: &str = "etl";
 const RUN: &str = "manual__2026-11-30";
-
-/// Headless Chromium: the DOM after its scripts ran, as it serializes it.
-fn dom(page: &Path) -> String {
-    let output = Command::new("chromium-headless-shell")
-        .args(["--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .expect("chromium-headless-shell (scripts/setup.sh installs it)");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 /// The part of the DOM of the lane whose TI is `task`.
 fn lane<'a>(dom: &'a str, task: &str) -> &'a str {
@@ -140,7 +125,7 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
     replay_html(&nats.url(), "1", &page);
     let size = std::fs::metadata(&page).unwrap().len();
     assert!(size < 200_000, "{size} bytes");
-    let dom = dom(&page);
+    let dom = browser::dom(&page);
     assert_eq!(dom.matches("<section class=\"lane\"").count(), 4, "{dom}");
 
     // A relabel: the owner mark on the running pod's bar; it never ended.
@@ -178,18 +163,7 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
 
     // A screenshot: drawn, with running and failed bars in their colours.
     let shot = out.path().join("stories.png");
-    let status = Command::new("chromium-headless-shell")
-        .args([
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--window-size=1240,560",
-        ])
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap();
-    assert!(status.status.success());
+    browser::screenshot(&page, 1240, 560, &shot);
     let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
     let mut reader = decoder.read_info().unwrap();
     let mut pixels = vec![0; reader.output_buffer_size()];
@@ -215,7 +189,7 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
     let narrowed = out.path().join("narrowed.html");
     let since = (before_the_twin + 1).to_string();
     replay_html(&nats.url(), &since, &narrowed);
-    let dom = self::dom(&narrowed);
+    let dom = browser::dom(&narrowed);
     let twins = lane(&dom, "twins");
     assert!(
         twins.contains("class=\"pod unseen\" data-pod=\"twins-1\""),
