@@ -1,6 +1,6 @@
 //! A [`Timeline`] as one self-contained HTML page: inline SVG and CSS, a few lines of script
 //! for the facts panel, no network. Every mark is focusable and carries its facts as text
-//! (a `<title>` and an `aria-label`), so the page works by keyboard and without a mouse.
+//! (its `<title>`, the accessible name of an SVG element), so the page works by keyboard.
 
 use std::fmt::Write as _;
 
@@ -140,13 +140,11 @@ fn render_lane(page: &mut String, lane: &Lane, scale: &Scale) {
         let _ = write!(
             page,
             "<g class=\"mark command kind-{}{}\" data-kind=\"{}\" tabindex=\"0\" role=\"img\" \
-             aria-label=\"{}\" data-facts=\"{}\"><title>{}</title>\
+             data-facts=\"\"><title>{}</title>\
              <path d=\"M{x:.1} 5 l6 7 l-6 7 l-6 -7 z\"/></g>",
             mark.kind,
             if differs { " differs" } else { "" },
             mark.kind,
-            escape(&facts),
-            escape(&facts),
             escape(&facts)
         );
     }
@@ -195,11 +193,9 @@ fn render_bar(page: &mut String, bar: &PodBar, role: &str, y: f64, scale: &Scale
         let _ = write!(
             page,
             "<rect class=\"span {}\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"14\" \
-             tabindex=\"0\" role=\"img\" aria-label=\"{}\" data-facts=\"{}\"><title>{}</title></rect>",
+             tabindex=\"0\" role=\"img\" data-facts=\"\"><title>{}</title></rect>",
             span.state.name(),
             y + 3.0,
-            escape(&facts),
-            escape(&facts),
             escape(&facts)
         );
     }
@@ -208,11 +204,9 @@ fn render_bar(page: &mut String, bar: &PodBar, role: &str, y: f64, scale: &Scale
         let facts = format!("{}: owner now scheduler {owner} at {}", bar.name, utc(*at));
         let _ = write!(
             page,
-            "<g class=\"owner\" tabindex=\"0\" role=\"img\" aria-label=\"{}\" data-facts=\"{}\">\
+            "<g class=\"owner\" tabindex=\"0\" role=\"img\" data-facts=\"\">\
              <title>{}</title><line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\">→{}</text></g>",
-            escape(&facts),
-            escape(&facts),
             escape(&facts),
             y + 1.0,
             y + 19.0,
@@ -294,7 +288,7 @@ h1{font-size:18px}svg{display:block}text{fill:var(--fg);font:12px system-ui,sans
 
 const SCRIPT: &str = "<script>\
 (function(){var p=document.getElementById('facts');\
-function show(e){var t=e.target.closest('[data-facts]');if(t){p.textContent=t.getAttribute('data-facts');}}\
+function show(e){var t=e.target.closest('[data-facts]');if(t){p.textContent=t.querySelector('title').textContent;}}\
 document.addEventListener('focusin',show);document.addEventListener('mouseover',show);})();\
 </script>\n";
 
@@ -303,6 +297,43 @@ mod tests {
     use super::{escape, render};
     use crate::timeline::Timeline;
     use podstream_proto::v1::{self, PodRef, TaskKey, command::Kind};
+
+    #[test]
+    fn a_full_page_stays_a_few_megabytes() {
+        use crate::timeline::MAX_LANES;
+        use podstream_proto::PodEvent;
+        // A busy week: more task instances than a page holds, each pod with 20 events.
+        let mut timeline = Timeline::new();
+        for ti in 0..MAX_LANES * 3 {
+            for pod in 0..2 {
+                for step in 0..20 {
+                    let event = PodEvent {
+                        pod: Some(PodRef {
+                            namespace: "airflow".into(),
+                            name: format!("etl-task-{ti}-{pod}-abcdef"),
+                            uid: format!("{ti}-{pod}"),
+                        }),
+                        owner: (step % 3).to_string(),
+                        task: Some(TaskKey {
+                            dag_id: "etl".into(),
+                            task_id: format!("task_{ti}"),
+                            run_id: "scheduled__2026-11-30T00:00:00+00:00".into(),
+                            try_number: 1,
+                            ..TaskKey::default()
+                        }),
+                        phase: 2,
+                        resource_version: (ti * 100 + step).to_string(),
+                        ..PodEvent::default()
+                    };
+                    timeline.pod_event((ti * 60_000 + step * 1000) as i64, 1, &event);
+                }
+            }
+        }
+        let page = render(&timeline, "a week", "narrow it");
+        assert_eq!(timeline.lanes().len(), MAX_LANES);
+        assert!(page.contains("400 more task instance(s) left out"), "left out");
+        assert!(page.len() < 4 * 1024 * 1024, "{} bytes", page.len());
+    }
 
     #[test]
     fn a_command_todays_rules_decide_otherwise_is_marked() {
