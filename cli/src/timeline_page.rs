@@ -331,7 +331,10 @@ mod tests {
         }
         let page = render(&timeline, "a week", "narrow it");
         assert_eq!(timeline.lanes().len(), MAX_LANES);
-        assert!(page.contains("400 more task instance(s) left out"), "left out");
+        assert!(
+            page.contains("400 more task instance(s) left out"),
+            "left out"
+        );
         assert!(page.len() < 4 * 1024 * 1024, "{} bytes", page.len());
     }
 

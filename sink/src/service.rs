@@ -181,8 +181,8 @@ pub async fn run(
             .await
             .context("creating the sink consumer")?;
     let lag = podstream_bus::metrics::report_pending(vec![consumer.clone()]);
-    let pruner = applied_retention
-        .map(|retention| tokio::spawn(db.clone().prune_applied_periodically(retention)));
+    let pruner =
+        applied_retention.map(|retention| tokio::spawn(db.clone().prune_periodically(retention)));
     let mut summary = Summary::default();
     tokio::pin!(shutdown);
     let (lanes, mut applied) = Lanes::start(

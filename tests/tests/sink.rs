@@ -15,6 +15,7 @@ use podstream_proto::v1::{Completed, ContainerTerminated, Duplicate, Fail, Runni
 use podstream_proto::{Command, PodRef, TaskKey};
 use podstream_sink::guard::{Effect, FailState, Policy, Skip, TaskFailures};
 use podstream_sink::lanes::LaneConfig;
+use podstream_sink::retention::History;
 use podstream_sink::service::{self, SinkConfig};
 use podstream_sink::{Database, Item, Outcome};
 use podstream_tests::airflow::{Airflow, AirflowDb, SeedTi};
@@ -1323,8 +1324,8 @@ async fn on_postgres_the_applied_lookup_probes_the_key_as_the_table_grows() {
     assert!(!plan.contains("Seq Scan on podstream_applied"), "{plan}");
 }
 
-/// Pruning `podstream_applied` forgets exactly the ids applied longer ago than the
-/// retention, however many there are (several chunks), and keeps the rest.
+/// Pruning forgets exactly the ids applied longer ago than the retention, however many there
+/// are (several chunks), and the per-TI rows untouched as long, except a pod recorded alive.
 async fn pruning(postgres: bool, name: &str) {
     let (_target, db) = prepared(Airflow::line("2.10"), postgres, name).await;
     let items = items(commands());
@@ -1358,8 +1359,55 @@ async fn pruning(postgres: bool, name: &str) {
     };
     sqlx::query(inside).execute(&db.pool).await.unwrap();
 
+    // The per-TI tables: ten days untouched go, except a pod recorded alive.
+    let (ten_days, six_days) = if postgres {
+        ("now() - interval '10 days'", "now() - interval '6 days'")
+    } else {
+        (
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', '-10 days')",
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', '-6 days')",
+        )
+    };
+    for (task, last_command, at) in [
+        ("old-done", "completed", ten_days),
+        ("old-alive", "running", ten_days),
+        ("recent-done", "fail", six_days),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO podstream_ti_pod (dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name, pod_uid, owner, last_command, resource_version, updated_at)
+             VALUES ('prune', '{task}', 'r', -1, 1, 'airflow', '{task}-pod', '{task}-uid', '1', '{last_command}', '1', {at})"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO podstream_ti_owner (dag_id, task_id, run_id, map_index, owner, stream_sequence, updated_at)
+             VALUES ('prune', '{task}', 'r', -1, '2', 1, {at})"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO podstream_duplicate (dag_id, task_id, run_id, map_index, try_number, chosen_uid, other_uid, other_name, recorded_at)
+             VALUES ('prune', '{task}', 'r', -1, 1, 'a', 'b', 'b-pod', {at})"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
     let week = Duration::from_secs(7 * 24 * 3600);
-    assert_eq!(db.prune_applied(week).await.unwrap(), old as u64, "{name}");
+    let pruned = db.prune(week).await.unwrap();
+    assert_eq!(pruned.of(History::Applied), old as u64, "{name}");
+    assert_eq!(pruned.of(History::TiPod), 1, "{name}: the finished one");
+    assert_eq!(pruned.of(History::TiOwner), 2, "{name}");
+    assert_eq!(pruned.of(History::Duplicate), 2, "{name}");
+    let left = |table: &str| {
+        format!("SELECT CAST(COUNT(*) AS BIGINT) FROM {table} WHERE dag_id = 'prune'")
+    };
+    assert_eq!(count(&db, &left("podstream_ti_pod")).await, 2, "{name}");
+    assert_eq!(count(&db, &left("podstream_ti_owner")).await, 1, "{name}");
+    assert_eq!(count(&db, &left("podstream_duplicate")).await, 1, "{name}");
     assert_eq!(
         count(&db, all).await,
         recent + 1,
@@ -1369,7 +1417,13 @@ async fn pruning(postgres: bool, name: &str) {
         "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE command_id LIKE 'old-%'";
     assert_eq!(count(&db, old_left).await, 0, "{name}");
     assert_eq!(
-        db.prune_applied(week).await.unwrap(),
+        db.prune(week)
+            .await
+            .unwrap()
+            .0
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>(),
         0,
         "{name}: nothing more"
     );
