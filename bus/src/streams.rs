@@ -19,6 +19,9 @@ pub struct StreamSettings {
     /// How long messages are kept (the replay horizon; zero: forever); default
     /// [`DEFAULT_MAX_AGE_HOURS`](crate::config::DEFAULT_MAX_AGE_HOURS).
     pub max_age: Option<Duration>,
+    /// Bytes a stream keeps at most, its oldest messages going first (0: no limit); default
+    /// no limit. A cap reached while a stage lags drops what it has not read yet.
+    pub max_bytes: Option<u64>,
 }
 
 /// A stream as podstream wants it: the configuration it is created with, and which of its
@@ -74,11 +77,27 @@ pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSetti
             max_age: settings
                 .max_age
                 .unwrap_or_else(crate::config::default_max_age),
+            max_bytes: bytes_limit(settings.max_bytes.unwrap_or(0)),
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
             ..Default::default()
         },
         given: settings.clone(),
+    }
+}
+
+/// JetStream's form of a byte limit: -1 for none.
+fn bytes_limit(bytes: u64) -> i64 {
+    match bytes {
+        0 => -1,
+        bytes => i64::try_from(bytes).unwrap_or(i64::MAX),
+    }
+}
+
+/// Says so when `config` keeps its messages forever: neither an age nor a size bounds it.
+fn warn_if_unbounded(config: &stream::Config) {
+    if config.max_age.is_zero() && config.max_bytes <= 0 {
+        tracing::warn!(stream = %config.name, "the stream keeps its messages forever (max age 0, no max bytes): its storage grows without bound");
     }
 }
 
@@ -92,7 +111,9 @@ pub async fn ensure(
     wanted: Wanted,
 ) -> Result<stream::Config, StreamError> {
     let name = wanted.config.name.clone();
-    while_unavailable(&name, || ensure_once(js, wanted.clone())).await
+    let config = while_unavailable(&name, || ensure_once(js, wanted.clone())).await?;
+    warn_if_unbounded(&config);
+    Ok(config)
 }
 
 /// Runs `op` until it succeeds or fails for a reason other than JetStream being unavailable
@@ -234,6 +255,12 @@ async fn ensure_once(
                     current.duplicate_window
                 ));
                 updated.duplicate_window = window;
+            }
+            if let Some(bytes) = given.max_bytes.map(bytes_limit)
+                && bytes != current.max_bytes
+            {
+                changes.push(format!("max_bytes {} -> {bytes}", current.max_bytes));
+                updated.max_bytes = bytes;
             }
             if let Some(replicas) = given.replicas
                 && replicas != current.num_replicas

@@ -140,6 +140,11 @@ pub struct StreamArgs {
     /// 168].
     #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS")]
     pub max_age_hours: Option<u64>,
+    /// Bytes each stream keeps at most, its oldest messages going first; 0 for no limit
+    /// [default for a new stream: no limit]. A stage that lags past it loses what it had not
+    /// read: size it well above a day of events.
+    #[arg(long, env = "PODSTREAM_STREAM_MAX_BYTES")]
+    pub stream_max_bytes: Option<u64>,
 }
 
 impl StreamArgs {
@@ -151,6 +156,7 @@ impl StreamArgs {
             max_age: self
                 .max_age_hours
                 .map(|hours| Duration::from_secs(hours.saturating_mul(3600))),
+            max_bytes: self.stream_max_bytes,
         }
     }
 

@@ -77,6 +77,55 @@ async fn a_setting_not_given_is_left_as_the_stream_has_it_and_one_given_is_appli
     };
     assert_eq!(commands_stream(&js, &forever).await.max_age, Duration::ZERO);
     assert_eq!(on_server(&js).await.max_age, Duration::ZERO);
+
+    // A size cap, given, is applied; not given, left; 0 lifts it.
+    let capped = StreamSettings {
+        max_bytes: Some(64 * 1024 * 1024),
+        ..StreamSettings::default()
+    };
+    assert_eq!(
+        commands_stream(&js, &capped).await.max_bytes,
+        64 * 1024 * 1024
+    );
+    assert_eq!(
+        commands_stream(&js, &StreamSettings::default())
+            .await
+            .max_bytes,
+        64 * 1024 * 1024
+    );
+    let uncapped = StreamSettings {
+        max_bytes: Some(0),
+        ..StreamSettings::default()
+    };
+    commands_stream(&js, &uncapped).await;
+    assert_eq!(on_server(&js).await.max_bytes, -1);
+}
+
+/// With a size cap, the oldest messages go first once the stream holds more.
+#[tokio::test]
+async fn a_stream_capped_in_bytes_drops_its_oldest_messages() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let capped = StreamSettings {
+        max_bytes: Some(64 * 1024),
+        ..StreamSettings::default()
+    };
+    commands_stream(&js, &capped).await;
+    for i in 0..200u32 {
+        js.publish(
+            format!("podstream.commands.1.u{i}"),
+            vec![b'x'; 1024].into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let mut stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let state = stream.info().await.unwrap().state.clone();
+    assert!(state.bytes <= 64 * 1024, "{state:?}");
+    assert!(state.first_sequence > 1, "the oldest went: {state:?}");
+    assert_eq!(state.last_sequence, 200);
 }
 
 async fn sink_with(nats: &NatsServer, retention_hours: Option<u64>) -> anyhow::Result<()> {
