@@ -108,15 +108,25 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
     }
 }
 
-/// `podstream process` with `auth` flags at info level: its exit status if it ended within
-/// `within` (else it is stopped with SIGTERM and the status is `None`), and its stderr.
+/// `podstream process` with `auth` flags (see [`stage_for`]).
 fn process_alone(
     url: &str,
     auth: &[&str],
     within: Duration,
 ) -> (Option<std::process::ExitStatus>, String) {
+    stage_for("process", url, auth, within)
+}
+
+/// `podstream COMMAND` with `auth` flags at info level: its exit status if it ended within
+/// `within` (else it is stopped with SIGTERM and the status is `None`), and its stderr.
+fn stage_for(
+    command: &str,
+    url: &str,
+    auth: &[&str],
+    within: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
     let mut child = Command::new(podstream_binary())
-        .args(["process", "--nats", url])
+        .args([command, "--nats", url])
         .args(auth)
         .env("PODSTREAM_LOG", "info")
         .stdout(std::process::Stdio::null())
@@ -343,7 +353,7 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
         String::from_utf8_lossy(&replay.stderr)
     );
     assert!(stdout.contains("secured-pod"), "{stdout}");
-    let (status, stderr) = tail_for(&url, &login(3), Duration::from_secs(2));
+    let (status, stderr) = stage_for("tail", &url, &login(3), Duration::from_secs(2));
     assert!(status.is_none(), "tail runs: {stderr}");
     assert_eq!(refusals(&nats.log()), Vec::<String>::new());
 
@@ -358,31 +368,6 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
         "{}",
         nats.log()
     );
-}
-
-/// `podstream tail` with `auth` flags for `within`, then SIGTERM: status if it ended, stderr.
-fn tail_for(
-    url: &str,
-    auth: &[&str],
-    within: Duration,
-) -> (Option<std::process::ExitStatus>, String) {
-    let mut child = Command::new(podstream_binary())
-        .args(["tail", "--nats", url])
-        .args(auth)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(within);
-    let status = child.try_wait().unwrap();
-    if status.is_none() {
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    (status, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 /// A JWT as nats-server reads it: `claims` for `subject`, signed by `issuer`.
