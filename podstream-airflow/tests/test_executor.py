@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -47,9 +48,12 @@ def wait_for(check, timeout=30.0, what="condition"):
 class Nats:
     """A nats-server with JetStream on a port of its own; stop and start keep its store."""
 
-    def __init__(self, store: Path):
+    def __init__(self, store: Path, config: Optional[Path] = None, env: Optional[dict] = None):
         self.port = free_port()
         self.store = store
+        self.config = config
+        self.env = env or {}
+        self.log = store.parent / "nats-server.log"
         self.process = None
 
     @property
@@ -57,10 +61,13 @@ class Nats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        config = ["-c", str(self.config)] if self.config else []
         self.process = subprocess.Popen(
-            [os.environ["PODSTREAM_NATS_SERVER"], "-js", "-sd", str(self.store), "-a", "127.0.0.1", "-p", str(self.port)],
+            [os.environ["PODSTREAM_NATS_SERVER"], *config, "-js", "-sd", str(self.store), "-a", "127.0.0.1",
+             "-p", str(self.port), "-l", str(self.log)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
         )
         wait_for(lambda: _accepts(self.port), what="nats-server")
 
@@ -80,29 +87,29 @@ def run(coroutine):
     return asyncio.new_event_loop().run_until_complete(coroutine)
 
 
-async def _create_stream(url: str):
+async def _create_stream(url: str, **login):
     import nats
     from nats.js.api import StreamConfig
 
-    client = await nats.connect(url)
+    client = await nats.connect(url, **login)
     await client.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["podstream.commands.>"]))
     await client.close()
 
 
-async def _publish(url: str, messages):
+async def _publish(url: str, messages, **login):
     import nats
 
-    client = await nats.connect(url)
+    client = await nats.connect(url, **login)
     js = client.jetstream()
     for subject, payload in messages:
         await js.publish(subject, payload)
     await client.close()
 
 
-async def _pending(url: str, consumer: str) -> tuple:
+async def _pending(url: str, consumer: str, **login) -> tuple:
     import nats
 
-    client = await nats.connect(url)
+    client = await nats.connect(url, **login)
     info = await client.jetstream().consumer_info(STREAM, consumer)
     await client.close()
     return info.num_pending, info.num_ack_pending
@@ -354,3 +361,53 @@ def test_without_podstreams_record_adoption_is_the_stock_one(world):
         assert executor.try_adopt_task_instances([ti]) == [ti]
     finally:
         executor.end()
+
+
+def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path, monkeypatch, make_command):
+    """deploy/nats/podstream-users.conf: the executor as ``podstream-airflow`` takes and
+    acks commands, and the server refuses it nothing; the commands come as the processor's
+    user."""
+    users = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "podstream-users.conf"
+    secured = tmp_path / "secured"
+    secured.mkdir()
+    config = secured / "nats-server.conf"
+    config.write_text(users.read_text())
+    passwords = {name: f"{name}-pw" for name in ("INGEST", "PROCESS", "SINK", "AIRFLOW", "READER")}
+    nats_server = Nats(
+        secured / "js",
+        config=config,
+        env={f"PODSTREAM_{name}_PASSWORD": pw for name, pw in passwords.items()},
+    )
+    nats_server.start()
+    try:
+        processor = {"user": "podstream-process", "password": passwords["PROCESS"], "inbox_prefix": "_INBOX_podstream-process"}
+        airflow = {"user": "podstream-airflow", "password": passwords["AIRFLOW"], "inbox_prefix": "_INBOX_podstream-airflow"}
+        run(_create_stream(nats_server.url, **processor))
+        password_file = tmp_path / "airflow.pw"
+        password_file.write_text(passwords["AIRFLOW"] + "\n")
+        for key, value in [
+            ("url", nats_server.url),
+            ("user", "podstream-airflow"),
+            ("password_file", str(password_file)),
+            ("ack_wait_seconds", "5"),
+        ]:
+            monkeypatch.setenv(f"AIRFLOW__PODSTREAM__{key.upper()}", value)
+        executor = started_executor()
+        try:
+            failed = make_command("fail", task_id="load", reason="pod_failed", container_reason="Error")
+            executor.running.add(key_of(failed))
+            run(_publish(nats_server.url, [("podstream.commands.7.uid-load", failed.SerializeToString())], **processor))
+            wait_for(executor.podstream.connected.is_set, what="the consumer")
+            sync_until(
+                executor,
+                lambda: run(_pending(nats_server.url, "podstream-airflow-7", **airflow)) == (0, 0),
+                "the command taken and acked",
+            )
+            state, _info = executor.event_buffer[key_of(failed)]
+            assert state == "failed"
+        finally:
+            executor.end()
+        refused = [line for line in nats_server.log.read_text().splitlines() if "Violation" in line]
+        assert refused == []
+    finally:
+        nats_server.stop()

@@ -42,7 +42,7 @@ def test_defaults():
     c = config()
     assert c.servers == ("nats://127.0.0.1:4222",)
     assert (c.subject_prefix, c.consumer, c.ack_wait_seconds) == ("podstream", "podstream-airflow-7", 60.0)
-    assert c.connect_options() == {"servers": ["nats://127.0.0.1:4222"]}
+    assert c.connect_options() == {"servers": ["nats://127.0.0.1:4222"], "inbox_prefix": "_INBOX_podstream-airflow"}
 
 
 def test_credentials_come_from_files_and_never_from_the_log(tmp_path):

@@ -301,7 +301,7 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config() {
     let pki = Pki::new();
-    let users = ["ingest", "process", "sink", "reader"];
+    let users = ["ingest", "process", "sink", "reader", "airflow"];
     let mut env = Vec::new();
     for user in users {
         let variable = format!("PODSTREAM_{}_PASSWORD", user.to_uppercase());

@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional
 from podstream_airflow.wire import DEFAULT_PREFIX
 
 SECTION = "podstream"
+#: The subject prefix of the replies the executor's NATS connection receives.
+INBOX_PREFIX = "_INBOX_podstream-airflow"
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,9 @@ class PodstreamConfig:
     def connect_options(self) -> dict:
         """Keyword arguments for ``nats.connect``: credentials are read from their files here,
         never logged."""
-        options: dict[str, Any] = {"servers": list(self.servers)}
+        # Replies on an inbox of its own, so a server may let this user read only those
+        # (deploy/nats/podstream-users.conf).
+        options: dict[str, Any] = {"servers": list(self.servers), "inbox_prefix": INBOX_PREFIX}
         if self.creds_file:
             options["user_credentials"] = self.creds_file
         if self.nkey_file:
