@@ -157,7 +157,7 @@ pub async fn connect(
                         reason: error.to_string(),
                     });
                 }
-                _ if error.kind() == ConnectErrorKind::Tls || refused_in_handshake(&error) => {
+                _ if error.kind() == ConnectErrorKind::Tls || is_tls_failure(&error) => {
                     return Err(ConnectError::Tls {
                         servers: shown,
                         reason: error.to_string(),
@@ -178,11 +178,13 @@ pub fn inbox_prefix(name: &str) -> String {
     format!("_INBOX_{name}")
 }
 
-/// Whether TLS itself failed (a certificate missing, unknown or refused): the handshake's
-/// error arrives as an I/O error, and no retry can change its outcome.
-fn refused_in_handshake(error: &async_nats::ConnectError) -> bool {
+/// Whether `error`, or an error it was caused by, is TLS itself failing (a certificate
+/// missing, unknown or refused): a handshake's error arrives as an I/O error holding
+/// rustls' own, and no retry changes its outcome. NATS and the database connect over the
+/// same rustls.
+pub fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
     use async_nats::rustls;
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut cause = Some(error);
     while let Some(error) = cause {
         let tls = error.is::<rustls::Error>()
             || error

@@ -342,13 +342,7 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
 /// Whether TLS itself failed, e.g. on a certificate that does not verify (the handshake's
 /// error arrives as an I/O error): no retry changes that.
 fn tls_refused(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Tls(_) => true,
-        sqlx::Error::Io(io) => io
-            .get_ref()
-            .is_some_and(|inner| inner.is::<rustls::Error>()),
-        _ => false,
-    }
+    matches!(error, sqlx::Error::Tls(_)) || podstream_bus::connect::is_tls_failure(error)
 }
 
 /// Whose fault a failed statement is, which decides what the sink does about it.
