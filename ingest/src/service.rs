@@ -652,9 +652,7 @@ impl Ingest {
         );
         Ok(self.stats)
     }
-}
 
-impl Ingest {
     /// The last checkpoint write, retried for [`FINAL_FLUSH_FOR`] (a JetStream cluster
     /// electing the bucket's leader refuses writes meanwhile). Given up, it is no failure of
     /// the stop: a stale checkpoint only means the successor republishes, deduplicated.
