@@ -92,8 +92,17 @@ pub struct PodBar {
     pub owners: Vec<(i64, String)>,
     /// When the pod was gone (its `DELETED` event), if within the history.
     pub gone: Option<i64>,
-    /// The last state seen ended the pod (succeeded, failed, gone).
-    pub ended: bool,
+}
+
+impl PodBar {
+    /// Whether the history saw the pod end: gone, or last seen succeeded or failed.
+    pub fn ended(&self) -> bool {
+        self.gone.is_some()
+            || self
+                .spans
+                .last()
+                .is_some_and(|span| matches!(span.state, PodState::Succeeded | PodState::Failed))
+    }
 }
 
 /// One of podstream's commands on a task instance.
@@ -199,7 +208,6 @@ impl Timeline {
                     spans: Vec::new(),
                     owners: Vec::new(),
                     gone: None,
-                    ended: false,
                 });
                 lane.unseen.retain(|name| *name != pod.name);
                 lane.pods.len() - 1
@@ -240,7 +248,6 @@ impl Timeline {
         if deleted {
             bar.gone = Some(at);
         }
-        bar.ended = deleted || matches!(state, PodState::Succeeded | PodState::Failed);
     }
 
     /// A command published at `at` with stream sequence `sequence`. A previous owner's copy
@@ -280,11 +287,12 @@ impl Timeline {
     pub fn difference(&mut self, then: Option<&Command>, today: Option<&Command>) {
         let today_text = today.map_or_else(|| "nothing".to_owned(), describe);
         if let Some(then) = then {
-            let found = self
-                .lanes
-                .iter_mut()
-                .flat_map(|lane| lane.marks.iter_mut())
-                .find(|mark| mark.id == then.id);
+            let lane = then
+                .task
+                .as_ref()
+                .and_then(|task| self.by_ti.get(&task.to_string()))
+                .and_then(|&index| self.lanes.get_mut(index));
+            let found = lane.and_then(|lane| lane.marks.iter_mut().find(|mark| mark.id == then.id));
             if let Some(mark) = found {
                 mark.today = Some(today_text);
             }
@@ -461,7 +469,7 @@ mod tests {
             timeline.pod_event(1, 1, &e);
             let bar = &timeline.lanes()[0].pods[0];
             assert_eq!(bar.spans[0].state, state, "{phase:?} {deletion:?} {kind:?}");
-            assert_eq!(bar.ended, ended, "{phase:?} {deletion:?} {kind:?}");
+            assert_eq!(bar.ended(), ended, "{phase:?} {deletion:?} {kind:?}");
         }
     }
 

@@ -215,7 +215,7 @@ fn render_bar(page: &mut String, bar: &PodBar, role: &str, y: f64, scale: &Scale
             escape(owner)
         );
     }
-    if !bar.ended {
+    if !bar.ended() {
         let x = scale.x(scale.end);
         let _ = write!(
             page,
