@@ -268,71 +268,37 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
         422
     );
 
-    // 400: a body that is not an object; a kind that does not belong at the URL.
-    let raw = |method: &str, uri: &str, content_type: &str, body: &str| {
-        http::Request::builder()
+    // The status code of a request sent as is.
+    let status = async |method: &str, uri: &str, content_type: &str, body: &str| {
+        let request = http::Request::builder()
             .method(method)
             .uri(uri)
             .header("content-type", content_type)
             .body(body.as_bytes().to_vec())
-            .unwrap()
+            .unwrap();
+        api_error(client.request_text(request).await).0
     };
-    let malformed = client
-        .request_text(raw(
-            "POST",
-            "/api/v1/namespaces/airflow/pods",
-            "application/json",
-            "{not json",
-        ))
-        .await;
-    assert_eq!(api_error(malformed).0, 400);
-    let wrong_kind = client
-        .request_text(raw(
-            "POST",
-            "/api/v1/namespaces/airflow/pods",
-            "application/json",
-            r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"s"}}"#,
-        ))
-        .await;
-    assert_eq!(api_error(wrong_kind).0, 400);
+    let pods_uri = "/api/v1/namespaces/airflow/pods";
+    let json = "application/json";
+    // 400: a body that is not an object; a kind that does not belong at the URL.
+    assert_eq!(status("POST", pods_uri, json, "{not json").await, 400);
+    let service = r#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"s"}}"#;
+    assert_eq!(status("POST", pods_uri, json, service).await, 400);
     // 400: an apply without a field manager; 415: a patch type the server does not take;
     // 404: a resource it does not serve.
-    let apply_patch = client
-        .request_text(raw(
-            "PATCH",
-            "/api/v1/namespaces/airflow/pods/p",
-            "application/apply-patch+yaml",
-            "{}",
-        ))
-        .await;
-    assert_eq!(api_error(apply_patch).0, 400);
-    let yaml_patch = client
-        .request_text(raw(
-            "PATCH",
-            "/api/v1/namespaces/airflow/pods/p",
-            "application/yaml",
-            "{}",
-        ))
-        .await;
-    assert_eq!(api_error(yaml_patch).0, 415);
-    let unknown = client
-        .request_text(raw(
-            "GET",
-            "/api/v1/namespaces/airflow/services",
-            "application/json",
-            "",
-        ))
-        .await;
-    assert_eq!(api_error(unknown).0, 404);
-    let unknown_group = client
-        .request_text(raw(
-            "GET",
-            "/apis/apps/v1/deployments",
-            "application/json",
-            "",
-        ))
-        .await;
-    assert_eq!(api_error(unknown_group).0, 404);
+    let pod_uri = "/api/v1/namespaces/airflow/pods/p";
+    let apply = "application/apply-patch+yaml";
+    assert_eq!(status("PATCH", pod_uri, apply, "{}").await, 400);
+    assert_eq!(
+        status("PATCH", pod_uri, "application/yaml", "{}").await,
+        415
+    );
+    let services_uri = "/api/v1/namespaces/airflow/services";
+    assert_eq!(status("GET", services_uri, json, "").await, 404);
+    assert_eq!(
+        status("GET", "/apis/apps/v1/deployments", json, "").await,
+        404
+    );
     // The pod is unharmed by all of it.
     let kept = pods.get("p").await.unwrap();
     assert_eq!(

@@ -24,6 +24,19 @@ pub struct SeedTi<'a> {
     pub max_tries: i64,
 }
 
+/// The key of the first try of unmapped task `task_id` in DAG run (`dag_id`, `run_id`): the
+/// TI [`SeedTi::running`] seeds.
+pub fn first_try(dag_id: &str, task_id: &str, run_id: &str) -> TaskKey {
+    TaskKey {
+        dag_id: dag_id.into(),
+        task_id: task_id.into(),
+        run_id: run_id.into(),
+        map_index: -1,
+        try_number: 1,
+        ..TaskKey::default()
+    }
+}
+
 impl<'a> SeedTi<'a> {
     /// An unmapped TI running its first try.
     pub fn running(task_id: &'a str, max_tries: i64) -> SeedTi<'a> {

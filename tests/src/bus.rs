@@ -323,14 +323,11 @@ pub fn pod_event(
             uid: format!("uid-{name}"),
         }),
         owner: owner.into(),
-        task: Some(podstream_proto::TaskKey {
-            dag_id: "etl".into(),
-            task_id: task_id.into(),
-            run_id: "manual__2026-11-30".into(),
-            map_index: -1,
-            try_number: 1,
-            ..podstream_proto::TaskKey::default()
-        }),
+        task: Some(podstream_sink::seed::first_try(
+            "etl",
+            task_id,
+            "manual__2026-11-30",
+        )),
         phase: phase as i32,
         creation_unix_ms: 1_764_000_000_000,
         resource_version: resource_version.to_string(),

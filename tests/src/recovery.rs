@@ -333,14 +333,7 @@ async fn wait_for_states(db: &Database, expected: &[(&str, &str, i64)]) {
     loop {
         let mut wrong = Vec::new();
         for (task, state, job) in expected {
-            let key = podstream_proto::TaskKey {
-                dag_id: DAG.into(),
-                task_id: (*task).into(),
-                run_id: RUN.into(),
-                map_index: -1,
-                try_number: 1,
-                ..Default::default()
-            };
+            let key = podstream_sink::seed::first_try(DAG, task, RUN);
             let row = db.task_instance(&key).await.ok().flatten();
             if !row
                 .as_ref()

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use podstream_proto::TaskKey;
 use podstream_sim::WorkerPod;
 use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
@@ -83,14 +82,7 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
             .delete_pod(recovery::NS, "secured-pod", Some(1))
             .unwrap(),
     );
-    let key = TaskKey {
-        dag_id: DAG.into(),
-        task_id: "secured".into(),
-        run_id: RUN.into(),
-        map_index: -1,
-        try_number: 1,
-        ..TaskKey::default()
-    };
+    let key = podstream_sink::seed::first_try(DAG, "secured", RUN);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let row = db.task_instance(&key).await.unwrap().unwrap();

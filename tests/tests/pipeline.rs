@@ -23,14 +23,7 @@ const DAG: &str = "etl";
 const RUN: &str = "manual__2026-11-30";
 
 fn key(task_id: &str) -> TaskKey {
-    TaskKey {
-        dag_id: DAG.into(),
-        task_id: task_id.into(),
-        run_id: RUN.into(),
-        map_index: -1,
-        try_number: 1,
-        ..TaskKey::default()
-    }
+    podstream_sink::seed::first_try(DAG, task_id, RUN)
 }
 
 /// Waits until every (task, state, queued_by_job_id) holds, or panics with what differs.

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use podstream_proto::TaskKey;
 use podstream_sim::WorkerPod;
 use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
@@ -94,14 +93,7 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     cluster.set_phase(NS, "twins-2", "Failed").unwrap();
 
-    let key = |task: &str| TaskKey {
-        dag_id: DAG.into(),
-        task_id: task.into(),
-        run_id: RUN.into(),
-        map_index: -1,
-        try_number: 1,
-        ..TaskKey::default()
-    };
+    let key = |task: &str| podstream_sink::seed::first_try(DAG, task, RUN);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let adopted = db.task_instance(&key("adopted")).await.unwrap().unwrap();
