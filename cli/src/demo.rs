@@ -59,8 +59,9 @@ pub struct DemoArgs {
     /// With --airflow: the Airflow release line to run, from sink/airflow-versions.tsv.
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VERSION", default_value = "3.1")]
     pub airflow_version: String,
-    /// Also write the stories' timeline as one HTML page to FILE (a lane per story), as
-    /// `podstream replay --html` draws it.
+    /// Also write the stories' timeline as one HTML page to FILE (a lane per story; with
+    /// --airflow a part per story, each on its own time axis), as `podstream replay --html`
+    /// draws it.
     #[arg(long, env = "PODSTREAM_DEMO_HTML", value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
@@ -135,7 +136,7 @@ const STORIES: &[Story] = &[
 /// Runs the demo; exits non-zero when a story ended wrong.
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if args.airflow {
-        return match demo_airflow::run(&args.airflow_version)? {
+        return match demo_airflow::run(&args.airflow_version, args.html.as_deref())? {
             true => Ok(()),
             false => anyhow::bail!("a story did not end right with podstream"),
         };

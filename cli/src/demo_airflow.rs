@@ -9,25 +9,35 @@
 //! components) is `podstream_stage`'s, the one the tests use; it needs a checkout after
 //! `scripts/setup.sh`.
 
+use std::path::Path;
 use std::thread;
 
 use anyhow::{Context, bail};
+use async_nats::jetstream;
+use podstream_bus::BusConfig;
 use podstream_stage::airflow::Airflow;
 use podstream_stage::real_airflow::Executor;
 use podstream_stage::stories::{self, Story};
+
+use crate::replay;
+use crate::timeline::Timeline;
+use crate::timeline_page::{self, Part};
 
 /// What one play of a story came to.
 struct Played {
     /// One line: the run, the task's last try, the callbacks; or why the play broke off.
     outcome: String,
     timeline: String,
+    /// With podstream: its history read back from the nats-server, or why it could not be.
+    history: Option<Result<Timeline, String>>,
     /// With podstream: whether it ended right, and if not, why.
     verdict: Result<(), String>,
 }
 
-/// Plays every story with both executors on Airflow `line` and prints the report; `Ok(true)`
-/// when every story ended right with podstream.
-pub fn run(line: &str) -> anyhow::Result<bool> {
+/// Plays every story with both executors on Airflow `line` and prints the report, and with
+/// `html` writes podstream's history of each story there as a timeline page; `Ok(true)` when
+/// every story ended right with podstream.
+pub fn run(line: &str, html: Option<&Path>) -> anyhow::Result<bool> {
     let Some(airflow) = Airflow::find(line) else {
         let lines: Vec<&str> = Airflow::all().iter().map(|a| a.short()).collect();
         bail!(
@@ -46,10 +56,19 @@ pub fn run(line: &str) -> anyhow::Result<bool> {
         release.release, release.kubernetes_provider
     );
     let mut all_right = true;
+    let mut histories = Vec::new();
     for (number, story) in Story::ALL.into_iter().enumerate() {
         let (stock, podstream) = play_both(airflow, story);
         all_right &= podstream.verdict.is_ok();
         print_story(number + 1, story, &stock, &podstream);
+        histories.push((number + 1, story, podstream));
+    }
+    if let Some(file) = html {
+        write_page(file, release.release, &histories)?;
+        println!(
+            "The stories' timelines with podstream are in {}.",
+            file.display()
+        );
     }
     if all_right {
         println!("Every story ended right with podstream: the first try ran to its end, once.");
@@ -77,6 +96,7 @@ fn broke_off(panic: &(dyn std::any::Any + Send)) -> Played {
     Played {
         outcome: format!("broke off: {}", panic_text(panic)),
         timeline: String::new(),
+        history: None,
         verdict: Err("the play broke off".to_owned()),
     }
 }
@@ -90,8 +110,53 @@ fn play(airflow: Airflow, story: Story, executor: Executor) -> Played {
     Played {
         outcome: stories::outcome(&real, &state),
         timeline: real.timeline(),
+        history: real
+            .nats_url()
+            .map(|url| history(&url).map_err(|e| format!("{e:#}"))),
         verdict,
     }
+}
+
+/// Everything podstream streamed during a play, read while its nats-server still runs.
+fn history(nats_url: &str) -> anyhow::Result<Timeline> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a Tokio runtime")?;
+    runtime.block_on(async {
+        let client = async_nats::connect(nats_url)
+            .await
+            .with_context(|| format!("connecting to {nats_url}"))?;
+        let subjects = BusConfig::at(nats_url).subjects()?;
+        replay::timeline_of(&jetstream::new(client), &subjects).await
+    })
+}
+
+/// One page, a part per story: podstream's timeline of it, or why there is none.
+fn write_page(file: &Path, release: &str, plays: &[(usize, Story, Played)]) -> anyhow::Result<()> {
+    let nothing = Timeline::new();
+    let parts: Vec<Part<'_>> = plays
+        .iter()
+        .map(|(number, story, played)| {
+            let (timeline, missing) = match &played.history {
+                Some(Ok(timeline)) => (timeline, String::new()),
+                Some(Err(why)) => (&nothing, format!(" (no history: {why})")),
+                None => (&nothing, " (no history: the play broke off)".to_owned()),
+            };
+            Part {
+                heading: Some(format!(
+                    "{number}. {} ({}): {}{missing}",
+                    story.title(),
+                    story.seed(),
+                    played.outcome
+                )),
+                timeline,
+            }
+        })
+        .collect();
+    let title = format!("podstream demo --airflow: the seed stories on Airflow {release}");
+    let page = timeline_page::render_parts(&parts, &title, "");
+    std::fs::write(file, page).with_context(|| format!("writing {}", file.display()))
 }
 
 fn print_story(number: usize, story: Story, stock: &Played, podstream: &Played) {

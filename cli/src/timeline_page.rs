@@ -16,13 +16,28 @@ const CHART: f64 = 900.0;
 const ROW: f64 = 20.0;
 const HEADER: f64 = 24.0;
 
+/// One history on a page: its heading (none on a page of one) and its timeline.
+pub struct Part<'a> {
+    /// Said above the part's own time axis.
+    pub heading: Option<String>,
+    /// What the part draws.
+    pub timeline: &'a Timeline,
+}
+
 /// The page, titled `title`; `narrow` says how to select less when lanes were left out.
 pub fn render(timeline: &Timeline, title: &str, narrow: &str) -> String {
-    let (start, end) = timeline.span().unwrap_or((0, 1));
-    let scale = Scale {
-        start,
-        end: end.max(start + 1),
-    };
+    render_parts(
+        &[Part {
+            heading: None,
+            timeline,
+        }],
+        title,
+        narrow,
+    )
+}
+
+/// A page of several histories (such as one per played story), each on its own time axis.
+pub fn render_parts(parts: &[Part<'_>], title: &str, narrow: &str) -> String {
     let mut page = String::with_capacity(64 * 1024);
     let _ = write!(
         page,
@@ -32,6 +47,28 @@ pub fn render(timeline: &Timeline, title: &str, narrow: &str) -> String {
         escape(title),
         escape(title)
     );
+    legend(&mut page);
+    page.push_str(
+        "<p id=\"facts\" class=\"facts\" aria-live=\"polite\">Focus or point at a mark for its facts.</p>\n",
+    );
+    for part in parts {
+        render_part(&mut page, part, narrow);
+    }
+    page.push_str(SCRIPT);
+    page.push_str("</body></html>\n");
+    page
+}
+
+fn render_part(page: &mut String, part: &Part<'_>, narrow: &str) {
+    let timeline = part.timeline;
+    let (start, end) = timeline.span().unwrap_or((0, 1));
+    let scale = Scale {
+        start,
+        end: end.max(start + 1),
+    };
+    if let Some(heading) = &part.heading {
+        let _ = writeln!(page, "<h2>{}</h2>", escape(heading));
+    }
     let _ = writeln!(
         page,
         "<p class=\"range\">{} to {} (UTC), {} task instance(s).</p>",
@@ -39,7 +76,6 @@ pub fn render(timeline: &Timeline, title: &str, narrow: &str) -> String {
         utc(end),
         timeline.lanes().len()
     );
-    legend(&mut page);
     if timeline.left_out() > 0 {
         let _ = writeln!(
             page,
@@ -49,19 +85,13 @@ pub fn render(timeline: &Timeline, title: &str, narrow: &str) -> String {
             escape(narrow)
         );
     }
-    page.push_str(
-        "<p id=\"facts\" class=\"facts\" aria-live=\"polite\">Focus or point at a mark for its facts.</p>\n",
-    );
-    axis(&mut page, &scale);
+    axis(page, &scale);
     if timeline.lanes().is_empty() {
         page.push_str("<p class=\"empty\">Nothing in this history.</p>\n");
     }
     for lane in timeline.lanes() {
-        render_lane(&mut page, lane, &scale);
+        render_lane(page, lane, &scale);
     }
-    page.push_str(SCRIPT);
-    page.push_str("</body></html>\n");
-    page
 }
 
 /// Unix ms to x.
@@ -269,7 +299,7 @@ const STYLE: &str = "\
 --pending:#ffd54f;--running:#66bb6a;--succeeded:#64b5f6;--failed:#ef5350;--terminating:#ce93d8;\
 --unknown:#bdbdbd;--owner:#ffb74d;--command:#eee;--today:#f06292}}\
 body{background:var(--bg);color:var(--fg);font:14px system-ui,sans-serif;margin:16px}\
-h1{font-size:18px}svg{display:block}text{fill:var(--fg);font:12px system-ui,sans-serif}\
+h1{font-size:18px}h2{font-size:16px;margin-top:24px}svg{display:block}text{fill:var(--fg);font:12px system-ui,sans-serif}\
 .ti{font-weight:600}.axis line{stroke:var(--grid)}.axis text{fill:var(--muted)}\
 .lane{border-top:1px solid var(--grid)}\
 .legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:12px}\

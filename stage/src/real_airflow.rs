@@ -387,6 +387,11 @@ impl RealAirflow {
         self.podstream = Some(Service::spawn("podstream run", command, log));
     }
 
+    /// The URL of the nats-server podstream runs on; `None` with the stock executor.
+    pub fn nats_url(&self) -> Option<String> {
+        self.nats.as_ref().map(crate::nats::NatsServer::url)
+    }
+
     /// Starts one Airflow component (`scheduler`, `api-server`, `dag-processor`); its index.
     pub fn start_component(&mut self, component: &str) -> usize {
         let log = self

@@ -130,7 +130,9 @@ fn demo_without_an_airflow_db_says_what_to_do() {
 /// and retries it.
 #[test]
 fn demo_with_airflow_plays_the_stories_side_by_side() {
-    let output = demo(&["--airflow"]);
+    let out = tempfile::tempdir().unwrap();
+    let page = out.path().join("airflow-stories.html");
+    let output = demo(&["--airflow", "--html", &page.display().to_string()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -164,6 +166,19 @@ fn demo_with_airflow_plays_the_stories_side_by_side() {
         second_pod.contains("timeline with the stock executor:"),
         "{second_pod}"
     );
+
+    // --html: podstream's history of each story, a part per story, as a browser builds it.
+    let dom = podstream_tests::browser::dom(&page);
+    assert_eq!(dom.matches("<h2>").count(), 3, "{dom}");
+    assert!(!dom.contains("no history"), "{dom}");
+    for n in 1..=3 {
+        assert!(dom.contains(&format!("<h2>{n}. ")), "story {n}: {dom}");
+    }
+    // Each story's task instance has its lane, with its pods as bars and podstream's commands.
+    assert!(dom.matches("<section class=\"lane\"").count() >= 3, "{dom}");
+    assert!(dom.contains("class=\"mark command kind-completed"), "{dom}");
+    // Story 3's second pod loses to the driver.
+    assert!(dom.contains("class=\"pod loser\""), "{dom}");
 }
 
 #[test]
