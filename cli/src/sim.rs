@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podstream_sim::{Kubelet, KubeletConfig, Server, SimConfig};
+use podstream_sim::{CustomResource, Kubelet, KubeletConfig, Server, SimConfig};
 
 /// Flags of `podstream sim`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w"
+    after_help = "Examples:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w\n  podstream sim --kubeconfig /tmp/sim.kubeconfig --crd sim/crds/sparkapplications.yaml   # with SparkApplications"
 )]
 pub struct SimArgs {
     /// Address to serve the Kubernetes API on (port 0 picks a free port).
@@ -36,6 +36,15 @@ pub struct SimArgs {
         default_value = "airflow"
     )]
     namespaces: Vec<String>,
+    /// Also serve the custom resource a CustomResourceDefinition file (YAML or JSON) defines,
+    /// its storage version, with no schema; repeatable. sim/crds/ has SparkApplication's.
+    #[arg(
+        long = "crd",
+        env = "PODSTREAM_SIM_CRDS",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    crds: Vec<PathBuf>,
     /// Run each pod as a node would: its first container's command as a local process, with
     /// the status a kubelet writes (phases, container states, exit codes, SIGTERM on delete).
     #[arg(long, env = "PODSTREAM_SIM_KUBELET")]
@@ -52,11 +61,17 @@ pub struct SimArgs {
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
+    let custom_resources = args
+        .crds
+        .iter()
+        .map(|file| CustomResource::load(file))
+        .collect::<Result<Vec<_>, _>>()?;
     runtime.block_on(async {
         let config = SimConfig {
             retain_events: args.retain_events,
             bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
             namespaces: args.namespaces.clone(),
+            custom_resources,
         };
         let server = Server::start(args.listen, config).await?;
         let _kubelet = if args.kubelet {

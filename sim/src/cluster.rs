@@ -15,7 +15,7 @@ use crate::apply::{self, FieldManager};
 use crate::container::{ContainerState, log_path, set_container};
 use crate::object::{self, Key, Stored, rfc3339};
 use crate::patch::{self, PatchType};
-use crate::resource::Resource;
+use crate::resource::{CustomResource, Resource, Served};
 use crate::selector::Filter;
 use crate::status::{ApiError, Reason};
 use crate::store::{Event, Store};
@@ -33,6 +33,8 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Namespaces created at start, beside the four defaults.
     pub namespaces: Vec<String>,
+    /// Custom resources served beside the built-in ones.
+    pub custom_resources: Vec<&'static CustomResource>,
 }
 
 impl Default for SimConfig {
@@ -41,6 +43,7 @@ impl Default for SimConfig {
             retain_events: 50_000,
             bookmark_interval: Duration::from_secs(1),
             namespaces: Vec::new(),
+            custom_resources: Vec::new(),
         }
     }
 }
@@ -112,6 +115,7 @@ struct Inner {
     restarts: watch::Sender<u64>,
     latency_us: AtomicU64,
     config: SimConfig,
+    served: Served,
     /// Where a kubelet keeps pod logs, once one runs.
     pod_logs: OnceLock<PathBuf>,
     runtime: tokio::runtime::Handle,
@@ -137,6 +141,7 @@ impl Cluster {
                 head: watch::channel(0).0,
                 restarts: watch::channel(0).0,
                 latency_us: AtomicU64::new(0),
+                served: Served::new(&config.custom_resources),
                 config,
                 pod_logs: OnceLock::new(),
                 runtime,
@@ -159,6 +164,11 @@ impl Cluster {
             }
         }
         Ok(cluster)
+    }
+
+    /// The resources it serves.
+    pub fn served(&self) -> &Served {
+        &self.inner.served
     }
 
     /// The configuration it runs with.
@@ -401,12 +411,14 @@ impl Cluster {
         }
         if key.resource == Resource::Namespaces {
             // Namespace contents go first, at once; the namespace follows.
-            let contents: Vec<Key> = Resource::ALL
-                .iter()
+            let contents: Vec<Key> = self
+                .inner
+                .served
+                .all()
                 .filter(|r| r.namespaced())
                 .flat_map(|r| {
                     store
-                        .all(*r)
+                        .all(r)
                         .filter(|o| o.key.namespace == key.name)
                         .map(|o| o.key.clone())
                         .collect::<Vec<_>>()

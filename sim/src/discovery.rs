@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::resource::Resource;
+use crate::resource::{Resource, Served};
 
 /// The Kubernetes version the simulator reports (the API it imitates).
 pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
@@ -33,31 +33,35 @@ pub fn core_versions(server_address: &str) -> Value {
 }
 
 /// `GET /apis`.
-pub fn groups() -> Value {
+pub fn groups(served: &Served) -> Value {
     json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": group_names().iter().map(|g| group(g)).collect::<Vec<_>>(),
+        "groups": named_groups(served).into_iter().map(|(name, version)| group(name, version)).collect::<Vec<_>>(),
     })
 }
 
-fn group_names() -> Vec<&'static str> {
-    let mut names: Vec<_> = Resource::ALL
-        .iter()
-        .map(|r| r.group())
-        .filter(|g| !g.is_empty())
+/// Each named group with its one served version, in discovery order.
+fn named_groups(served: &Served) -> Vec<(&'static str, &'static str)> {
+    let mut names: Vec<_> = served
+        .all()
+        .map(|r| (r.group(), r.version()))
+        .filter(|(g, _)| !g.is_empty())
         .collect();
     names.dedup();
     names
 }
 
 /// `GET /apis/<group>`, or `None` for a group the simulator does not serve.
-pub fn api_group(name: &str) -> Option<Value> {
-    group_names().contains(&name).then(|| group(name))
+pub fn api_group(served: &Served, name: &str) -> Option<Value> {
+    named_groups(served)
+        .into_iter()
+        .find(|(group, _)| *group == name)
+        .map(|(name, version)| group(name, version))
 }
 
-fn group(name: &str) -> Value {
-    let version = json!({ "groupVersion": format!("{name}/v1"), "version": "v1" });
+fn group(name: &str, version: &str) -> Value {
+    let version = json!({ "groupVersion": format!("{name}/{version}"), "version": version });
     json!({
         "kind": "APIGroup",
         "apiVersion": "v1",
@@ -68,9 +72,9 @@ fn group(name: &str) -> Value {
 }
 
 /// `GET /api/v1` or `GET /apis/<group>/v1`, or `None` for a group the simulator does not serve.
-pub fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let served: Vec<Resource> = Resource::ALL
-        .into_iter()
+pub fn resource_list(served: &Served, group: &str, version: &str) -> Option<Value> {
+    let served: Vec<Resource> = served
+        .all()
         .filter(|r| r.group() == group && r.version() == version)
         .collect();
     if served.is_empty() {
@@ -85,7 +89,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     for resource in served {
         let mut entry = json!({
             "name": resource.plural(),
-            "singularName": resource.kind().to_lowercase(),
+            "singularName": resource.singular(),
             "namespaced": resource.namespaced(),
             "kind": resource.kind(),
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
@@ -125,9 +129,9 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
 }
 
 /// `GET /openapi/v3`: where each group version's document lives.
-pub fn openapi_index() -> Value {
+pub fn openapi_index(served: &Served) -> Value {
     let mut paths = serde_json::Map::new();
-    for resource in Resource::ALL {
+    for resource in served.all() {
         let path = group_version_path(resource.group(), resource.version());
         paths.insert(
             path.clone(),
@@ -148,9 +152,9 @@ fn group_version_path(group: &str, version: &str) -> String {
 /// `GET /openapi/v3/<group version path>`: the operations of the served resources, with the
 /// query parameters they accept. kubectl reads it to learn that the server validates fields,
 /// so it needs no schemas; `None` for a group version the simulator does not serve.
-pub fn openapi_group_version(path: &str) -> Option<Value> {
-    let served: Vec<Resource> = Resource::ALL
-        .into_iter()
+pub fn openapi_group_version(served: &Served, path: &str) -> Option<Value> {
+    let served: Vec<Resource> = served
+        .all()
         .filter(|r| group_version_path(r.group(), r.version()) == path)
         .collect();
     if served.is_empty() {

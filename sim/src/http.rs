@@ -18,7 +18,7 @@ use crate::object::{Key, Stored};
 use crate::patch::PatchType;
 use crate::protobuf;
 use crate::query::Query;
-use crate::resource::Resource;
+use crate::resource::{Resource, Served};
 use crate::selector::{FieldSelector, Filter, LabelSelector};
 use crate::status::{self, ApiError, Reason};
 use crate::table;
@@ -91,6 +91,7 @@ fn route(state: &AppState, path: &str, request: &Request<'_>) -> Result<Response
     let method = request.method;
     let headers = request.headers;
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let served = state.cluster.served();
     let only_get = |value: Option<Value>| -> Result<Response, ApiError> {
         if method != Method::GET {
             return Err(ApiError::new(
@@ -106,19 +107,21 @@ fn route(state: &AppState, path: &str, request: &Request<'_>) -> Result<Response
         ["version"] => only_get(Some(discovery::version())),
         ["healthz" | "livez" | "readyz"] => Ok(text_response(StatusCode::OK, "ok")),
         ["api"] => only_get(Some(discovery::core_versions(&state.address))),
-        ["api", version] => only_get(discovery::resource_list("", version)),
-        ["apis"] => only_get(Some(discovery::groups())),
-        ["apis", group] => only_get(discovery::api_group(group)),
-        ["apis", group, version] => only_get(discovery::resource_list(group, version)),
+        ["api", version] => only_get(discovery::resource_list(served, "", version)),
+        ["apis"] => only_get(Some(discovery::groups(served))),
+        ["apis", group] => only_get(discovery::api_group(served, group)),
+        ["apis", group, version] => only_get(discovery::resource_list(served, group, version)),
         ["openapi", "v2"] if method == Method::GET => Ok(openapi_v2(headers)),
-        ["openapi", "v3"] => only_get(Some(discovery::openapi_index())),
-        ["openapi", "v3", rest @ ..] => only_get(discovery::openapi_group_version(&rest.join("/"))),
+        ["openapi", "v3"] => only_get(Some(discovery::openapi_index(served))),
+        ["openapi", "v3", rest @ ..] => {
+            only_get(discovery::openapi_group_version(served, &rest.join("/")))
+        }
         ["api", version, rest @ ..] => {
-            let target = parse_target("", version, rest)?;
+            let target = parse_target(served, "", version, rest)?;
             serve(state, &target, request)
         }
         ["apis", group, version, rest @ ..] => {
-            let target = parse_target(group, version, rest)?;
+            let target = parse_target(served, group, version, rest)?;
             serve(state, &target, request)
         }
         _ => Err(not_served()),
@@ -132,12 +135,17 @@ fn not_served() -> ApiError {
     )
 }
 
-fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
+fn parse_target(
+    served: &Served,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Target, ApiError> {
     let (legacy_watch, rest) = match rest {
         ["watch", rest @ ..] => (true, rest),
         _ => (false, rest),
     };
-    let find = |plural: &str| Resource::find(group, version, plural).ok_or_else(not_served);
+    let find = |plural: &str| served.find(group, version, plural).ok_or_else(not_served);
     let target =
         |resource, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| Target {
             resource,
@@ -149,9 +157,9 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, Api
     let namespaces_served = group.is_empty();
     match rest {
         ["namespaces", ns, plural, tail @ ..]
-            if namespaces_served || Resource::find(group, version, plural).is_some() =>
+            if namespaces_served || served.find(group, version, plural).is_some() =>
         {
-            match (Resource::find(group, version, plural), tail) {
+            match (served.find(group, version, plural), tail) {
                 (Some(resource), []) if resource.namespaced() => {
                     Ok(target(resource, Some(ns), None, None))
                 }

@@ -1,6 +1,7 @@
 //! A Kubernetes API simulator that stock `kubectl` and the `kube` crate use unmodified.
 //!
-//! It serves core/v1 pods and namespaces and coordination.k8s.io/v1 leases with what podstream
+//! It serves core/v1 pods and namespaces, coordination.k8s.io/v1 leases and the custom
+//! resources of the definitions it is given, with what podstream
 //! and Airflow depend on: one global resourceVersion, list-then-watch, label and field
 //! selectors (an object leaving a watch's selection is sent as `DELETED`), graceful deletion
 //! (`deletionTimestamp` first, `DELETED` last), bookmarks, paging with consistent snapshots,
@@ -13,6 +14,7 @@
 pub mod apply;
 pub mod cluster;
 pub mod container;
+pub mod custom;
 pub mod discovery;
 pub mod http;
 pub mod kubelet;
@@ -32,8 +34,9 @@ pub mod watch;
 
 pub use cluster::{Cluster, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig};
 pub use container::ContainerState;
+pub use custom::CustomResource;
 pub use kubelet::{Fault, Kubelet, KubeletConfig};
-pub use resource::Resource;
+pub use resource::{Resource, Served};
 pub use server::{Server, kubeconfig};
 pub use status::{ApiError, Reason};
 pub use template::WorkerPod;

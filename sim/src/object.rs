@@ -366,6 +366,12 @@ fn default_spec_and_status(resource: Resource, object: &mut Map<String, Value>, 
         Resource::Leases => {
             object.entry("spec").or_insert_with(|| json!({}));
         }
+        // No schema, so no defaults; with a status subresource a create sets no status.
+        Resource::Custom(custom) => {
+            if from_api && custom.status {
+                object.remove("status");
+            }
+        }
     }
 }
 
@@ -394,7 +400,7 @@ pub fn validate(resource: Resource, value: &Value) -> Result<(), ApiError> {
     let mut causes = Vec::new();
     let name_ok = match resource {
         Resource::Namespaces => is_dns_label(name),
-        Resource::Pods | Resource::Leases => is_dns_subdomain(name),
+        Resource::Pods | Resource::Leases | Resource::Custom(_) => is_dns_subdomain(name),
     };
     if !name_ok {
         causes.push((

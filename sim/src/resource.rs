@@ -1,5 +1,9 @@
 //! The resources the simulator serves, and what discovery says about them.
 
+use std::sync::Arc;
+
+pub use crate::custom::CustomResource;
+
 /// A resource type served by the simulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
@@ -9,17 +13,20 @@ pub enum Resource {
     Pods,
     /// coordination.k8s.io/v1 `leases`, used for leader election.
     Leases,
+    /// A custom resource, from a CustomResourceDefinition the simulator was given.
+    Custom(&'static CustomResource),
 }
 
 impl Resource {
-    /// Every served resource, in discovery order.
-    pub const ALL: [Resource; 3] = [Resource::Namespaces, Resource::Pods, Resource::Leases];
+    /// The built-in resources, in discovery order.
+    pub const BUILT_IN: [Resource; 3] = [Resource::Namespaces, Resource::Pods, Resource::Leases];
 
     /// The API group ("" for core).
     pub fn group(self) -> &'static str {
         match self {
             Resource::Namespaces | Resource::Pods => "",
             Resource::Leases => "coordination.k8s.io",
+            Resource::Custom(custom) => custom.group,
         }
     }
 
@@ -28,6 +35,7 @@ impl Resource {
         match self {
             Resource::Namespaces | Resource::Pods => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
+            Resource::Custom(custom) => custom.api_version,
         }
     }
 
@@ -37,6 +45,7 @@ impl Resource {
             Resource::Namespaces => "namespaces",
             Resource::Pods => "pods",
             Resource::Leases => "leases",
+            Resource::Custom(custom) => custom.plural,
         }
     }
 
@@ -46,6 +55,7 @@ impl Resource {
             Resource::Namespaces => "Namespace",
             Resource::Pods => "Pod",
             Resource::Leases => "Lease",
+            Resource::Custom(custom) => custom.kind,
         }
     }
 
@@ -55,12 +65,27 @@ impl Resource {
             Resource::Namespaces => "NamespaceList",
             Resource::Pods => "PodList",
             Resource::Leases => "LeaseList",
+            Resource::Custom(custom) => custom.list_kind,
+        }
+    }
+
+    /// The singular name discovery reports.
+    pub fn singular(self) -> &'static str {
+        match self {
+            Resource::Namespaces => "namespace",
+            Resource::Pods => "pod",
+            Resource::Leases => "lease",
+            Resource::Custom(custom) => custom.singular,
         }
     }
 
     /// Whether objects live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Resource::Namespaces)
+        match self {
+            Resource::Namespaces => false,
+            Resource::Pods | Resource::Leases => true,
+            Resource::Custom(custom) => custom.namespaced,
+        }
     }
 
     /// Short names kubectl accepts (`po`, `ns`).
@@ -69,6 +94,7 @@ impl Resource {
             Resource::Namespaces => &["ns"],
             Resource::Pods => &["po"],
             Resource::Leases => &[],
+            Resource::Custom(custom) => custom.short_names,
         }
     }
 
@@ -77,6 +103,8 @@ impl Resource {
         match self {
             Resource::Namespaces | Resource::Pods => &["status"],
             Resource::Leases => &[],
+            Resource::Custom(custom) if custom.status => &["status"],
+            Resource::Custom(_) => &[],
         }
     }
 
@@ -84,7 +112,7 @@ impl Resource {
     pub fn read_only_subresources(self) -> &'static [&'static str] {
         match self {
             Resource::Pods => &["log"],
-            Resource::Namespaces | Resource::Leases => &[],
+            Resource::Namespaces | Resource::Leases | Resource::Custom(_) => &[],
         }
     }
 
@@ -112,20 +140,53 @@ impl Resource {
                 "spec.serviceAccountName",
             ],
             Resource::Leases => &["metadata.name", "metadata.namespace"],
+            Resource::Custom(custom) if custom.namespaced => {
+                &["metadata.name", "metadata.namespace"]
+            }
+            Resource::Custom(_) => &["metadata.name"],
         }
     }
 
+    /// The version part of `apiVersion`.
+    pub fn version(self) -> &'static str {
+        match self {
+            Resource::Custom(custom) => custom.version,
+            _ => "v1",
+        }
+    }
+}
+
+/// The resources one simulator serves: the built-in ones, then the custom ones it was given.
+#[derive(Debug, Clone)]
+pub struct Served(Arc<[Resource]>);
+
+impl Served {
+    /// The built-in resources and `custom`.
+    pub fn new(custom: &[&'static CustomResource]) -> Served {
+        let all: Vec<Resource> = Resource::BUILT_IN
+            .into_iter()
+            .chain(custom.iter().map(|c| Resource::Custom(c)))
+            .collect();
+        Served(all.into())
+    }
+
+    /// Every served resource, in discovery order.
+    pub fn all(&self) -> impl Iterator<Item = Resource> + '_ {
+        self.0.iter().copied()
+    }
+
     /// The resource served at `group/version` with this plural, if any.
-    pub fn find(group: &str, version: &str, plural: &str) -> Option<Resource> {
-        Resource::ALL.into_iter().find(|resource| {
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Resource> {
+        self.all().find(|resource| {
             resource.group() == group
                 && resource.version() == version
                 && resource.plural() == plural
         })
     }
+}
 
-    /// The version part of `apiVersion`.
-    pub fn version(self) -> &'static str {
-        "v1"
+impl Default for Served {
+    fn default() -> Served {
+        Served::new(&[])
     }
 }

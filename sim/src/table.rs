@@ -53,6 +53,8 @@ pub fn columns(resource: Resource) -> Value {
             column("Holder", "string", "", "The holder of the lease"),
             age,
         ]),
+        // kube-apiserver's columns for a definition without additionalPrinterColumns.
+        Resource::Custom(_) => json!([name, age]),
     }
 }
 
@@ -91,6 +93,7 @@ pub fn row(resource: Resource, object: &Value, full: bool) -> Value {
                 age
             ])
         }
+        Resource::Custom(_) => json!([name, age]),
     };
     let embedded = if full {
         object.clone()
