@@ -22,6 +22,7 @@ pub mod record;
 pub mod record_cache;
 pub mod rules;
 pub mod service;
+pub mod spark;
 pub mod state;
 
 pub use command::TaskCommand;
