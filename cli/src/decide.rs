@@ -9,19 +9,26 @@ use anyhow::Context;
 use podstream_ingest::pod_json::{Projected, project_watch_event};
 use podstream_ingest::project;
 use podstream_ingest::watch_json::{WatchItem, read_json};
+use podstream_processor::spark::SparkJobs;
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::line::CommandLine;
+use podstream_proto::v1::PodRef;
 use tracing::{debug, info, warn};
 
 use crate::json_stream::{Frame, JsonFrames};
+use crate::spark_json::{SparkItem, spark_items};
 
 /// Arguments of `podstream decide`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example, against a live cluster:\n  \
-    kubectl get pods -l airflow-worker -A -w --output-watch-events -o json | podstream decide")]
+    kubectl get pods -l airflow-worker -A -w --output-watch-events -o json | podstream decide\n\
+    Spark driver pods, after their applications' current state:\n  \
+    kubectl get sparkapplications -A -o json > apps.json\n  \
+    kubectl get pods -l spark-role=driver -A -w --output-watch-events -o json | cat apps.json - | podstream decide")]
 pub struct DecideArgs {
     /// Kubernetes JSON to read: watch events, Pods or PodLists, one per line
-    /// or pretty-printed. Standard input when absent or `-`.
+    /// or pretty-printed; Spark driver pods (`spark-role=driver`) and their
+    /// SparkApplications too. Standard input when absent or `-`.
     pub file: Option<PathBuf>,
 
     #[command(flatten)]
@@ -91,6 +98,7 @@ pub fn decide_stream<R: Read>(
     rules: Rules,
 ) -> anyhow::Result<Summary> {
     let mut processor = Processor::new(rules, MemoryStore::default());
+    let mut spark_jobs = SparkJobs::default();
     let mut summary = Summary::default();
     let mut out = io::BufWriter::new(out);
     let mut frames = JsonFrames::new(input);
@@ -107,33 +115,21 @@ pub fn decide_stream<R: Read>(
                 continue;
             }
         };
-        // Nearly every value is a pod watch event: read only what the rules need.
-        if let Some(projected) = project_watch_event(value.get()) {
-            decide_one(&mut processor, projected, &mut out, &mut summary)?;
-        } else {
-            for item in read_json(value.get()) {
-                match item {
-                    WatchItem::Pod { event_type, pod } => {
-                        let projected = project(event_type, &pod)
-                            .map_err(|err| (err, podstream_ingest::projection::pod_ref(&pod)));
-                        decide_one(&mut processor, projected, &mut out, &mut summary)?;
-                    }
-                    WatchItem::Bookmark { resource_version } => {
-                        debug!(%resource_version, "bookmark")
-                    }
-                    WatchItem::WatchError { message } => {
-                        warn!(%message, "watch reported an error")
-                    }
-                    WatchItem::Invalid { error, pod } => {
-                        warn!(%error, "skipping a value that is not a pod");
-                        write_line(
-                            &mut out,
-                            &CommandLine::invalid(error, pod),
-                            &mut summary.invalid,
-                        )?;
-                    }
+        let raw = value.get();
+        // Spark objects are rare and read whole; the cheap test keeps worker pods fast.
+        let spark = (raw.contains("spark-role") || raw.contains("SparkApplication"))
+            .then(|| serde_json::from_str::<serde_json::Value>(raw).ok())
+            .flatten();
+        match spark.as_ref().and_then(spark_items) {
+            Some(split) => {
+                for item in split.items {
+                    decide_spark(&mut spark_jobs, item, &mut out, &mut summary)?;
+                }
+                for other in split.others {
+                    decide_workers(&other.to_string(), &mut processor, &mut out, &mut summary)?;
                 }
             }
+            None => decide_workers(raw, &mut processor, &mut out, &mut summary)?,
         }
         // Live input (a kubectl watch): show results before blocking on more.
         if frames.reader().buffer().is_empty() {
@@ -142,6 +138,65 @@ pub fn decide_stream<R: Read>(
     }
     out.flush().context("cannot write output")?;
     Ok(summary)
+}
+
+/// Decides the worker-pod events of one JSON value as lines of `out`.
+fn decide_workers(
+    raw: &str,
+    processor: &mut Processor<MemoryStore>,
+    out: &mut impl Write,
+    summary: &mut Summary,
+) -> anyhow::Result<()> {
+    // Nearly every value is a pod watch event: read only what the rules need.
+    if let Some(projected) = project_watch_event(raw) {
+        return decide_one(processor, projected, out, summary);
+    }
+    for item in read_json(raw) {
+        match item {
+            WatchItem::Pod { event_type, pod } => {
+                let projected = project(event_type, &pod)
+                    .map_err(|err| (err, podstream_ingest::projection::pod_ref(&pod)));
+                decide_one(processor, projected, out, summary)?;
+            }
+            WatchItem::Bookmark { resource_version } => {
+                debug!(%resource_version, "bookmark")
+            }
+            WatchItem::WatchError { message } => {
+                warn!(%message, "watch reported an error")
+            }
+            WatchItem::Invalid { error, pod } => {
+                warn!(%error, "skipping a value that is not a pod");
+                write_line(out, &CommandLine::invalid(error, pod), &mut summary.invalid)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decides one Spark object's event (or reports why it cannot be) as lines of `out`.
+fn decide_spark(
+    jobs: &mut SparkJobs,
+    item: Result<SparkItem, (String, PodRef)>,
+    out: &mut impl Write,
+    summary: &mut Summary,
+) -> anyhow::Result<()> {
+    summary.events += 1;
+    let commands = match item {
+        Ok(SparkItem::Driver(event)) => jobs.driver(event).into_iter().collect(),
+        Ok(SparkItem::Application(event)) => jobs.application(event),
+        Err((error, pod)) => {
+            warn!(pod = %pod, uid = %pod.uid, %error, "Spark driver pod cannot be read");
+            return write_line(
+                out,
+                &CommandLine::invalid(error, Some(pod)),
+                &mut summary.invalid,
+            );
+        }
+    };
+    for command in commands {
+        write_line(out, &CommandLine::from(&command), &mut summary.commands)?;
+    }
+    Ok(())
 }
 
 /// Decides one projected pod event (or reports why its pod cannot be) as lines of `out`.

@@ -395,6 +395,7 @@ mod tests {
         let duplicate = Kind::Duplicate(v1::Duplicate {
             chosen: Some(pod("p1")),
             others: vec![pod("p2")],
+            ..v1::Duplicate::default()
         });
         timeline.command(2_600, 1, &command("t", "p1", duplicate));
         let fail = Kind::Fail(v1::Fail {

@@ -315,6 +315,7 @@ fn report_duplicates<'e>(
     let duplicate = Kind::Duplicate(v1::Duplicate {
         chosen: Some(chosen.pod.clone()),
         others: others.iter().map(|c| c.pod.clone()).collect(),
+        basis: v1::DuplicateBasis::PodOrder as i32,
     });
     push_sized(commands, command(key, pod, event, duplicate));
     task.duplicate_reported = Some(signature);

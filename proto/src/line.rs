@@ -76,7 +76,8 @@ pub struct CommandLine {
     /// The `airflow-worker` label value now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    /// Why, for `fail` and `lost`.
+    /// Why, for `fail` and `lost`; for a `duplicate` of Spark drivers, what chose the
+    /// driver (`spark_application` or `spark_pod_facts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Previous owner, for `transfer`.
@@ -114,6 +115,14 @@ pub enum LineError {
     /// The line is an `invalid` report, not a command.
     #[error("an invalid line is a report, not a command: {0}")]
     Invalid(String),
+    /// A field holds a value its kind does not know.
+    #[error("the field {field:?} does not know {value:?}")]
+    Unknown {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// A field the kind requires is absent.
     #[error("a {kind} line needs the field {field:?}")]
     Missing {
@@ -164,12 +173,37 @@ impl From<&Command> for CommandLine {
             Some(Kind::Duplicate(duplicate)) => {
                 line.chosen = duplicate.chosen.clone();
                 line.others = Some(duplicate.others.clone());
+                line.reason = basis_name(duplicate.basis()).map(str::to_owned);
             }
             Some(Kind::Completed(_) | Kind::Running(_)) => {}
             None => line.error = Some("command without a kind".to_owned()),
         }
         line
     }
+}
+
+/// A duplicate's basis as its line's `reason`; none for worker pods (semantics.md's order).
+fn basis_name(basis: v1::DuplicateBasis) -> Option<&'static str> {
+    match basis {
+        v1::DuplicateBasis::PodOrder => None,
+        v1::DuplicateBasis::SparkApplication => Some("spark_application"),
+        v1::DuplicateBasis::SparkPodFacts => Some("spark_pod_facts"),
+    }
+}
+
+/// The basis a duplicate line's `reason` names.
+fn basis_named(reason: Option<&str>) -> Result<v1::DuplicateBasis, LineError> {
+    [
+        v1::DuplicateBasis::PodOrder,
+        v1::DuplicateBasis::SparkApplication,
+        v1::DuplicateBasis::SparkPodFacts,
+    ]
+    .into_iter()
+    .find(|basis| basis_name(*basis) == reason)
+    .ok_or(LineError::Unknown {
+        field: "reason",
+        value: reason.unwrap_or_default().to_owned(),
+    })
 }
 
 impl TryFrom<CommandLine> for Command {
@@ -199,6 +233,7 @@ impl TryFrom<CommandLine> for Command {
                 to: need(line.to, "transfer", "to")?,
             }),
             LineKind::Duplicate => Kind::Duplicate(v1::Duplicate {
+                basis: basis_named(line.reason.as_deref())? as i32,
                 chosen: Some(need(line.chosen, "duplicate", "chosen")?),
                 others: line.others.unwrap_or_default(),
             }),
@@ -290,10 +325,23 @@ mod tests {
         let duplicate = command(Kind::Duplicate(v1::Duplicate {
             chosen: Some(pod("a")),
             others: vec![pod("b")],
+            ..Default::default()
         }));
         let value = serde_json::to_value(CommandLine::from(&duplicate)).unwrap();
         assert_eq!(value["chosen"]["name"], "a");
         assert_eq!(value["others"][0]["name"], "b");
+        assert_eq!(
+            value.get("reason"),
+            None,
+            "worker pods: semantics.md's order"
+        );
+        let driver = command(Kind::Duplicate(v1::Duplicate {
+            chosen: Some(pod("a")),
+            others: vec![pod("b")],
+            basis: v1::DuplicateBasis::SparkApplication as i32,
+        }));
+        let value = serde_json::to_value(CommandLine::from(&driver)).unwrap();
+        assert_eq!(value["reason"], "spark_application");
     }
 
     #[test]
@@ -348,6 +396,12 @@ mod tests {
             Kind::Duplicate(v1::Duplicate {
                 chosen: Some(pod("a")),
                 others: vec![pod("b"), pod("c")],
+                ..Default::default()
+            }),
+            Kind::Duplicate(v1::Duplicate {
+                chosen: Some(pod("a")),
+                others: vec![pod("b")],
+                basis: v1::DuplicateBasis::SparkPodFacts as i32,
             }),
         ];
         for kind in kinds {
@@ -380,6 +434,18 @@ mod tests {
             Err(LineError::Missing {
                 kind: "fail",
                 field: "reason"
+            })
+        );
+        let odd_basis = CommandLine {
+            kind: LineKind::Duplicate,
+            reason: Some("coin_toss".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            Command::try_from(odd_basis),
+            Err(LineError::Unknown {
+                field: "reason",
+                value: "coin_toss".into()
             })
         );
     }

@@ -68,6 +68,7 @@ fn fixtures_give_their_reviewed_output() {
         ),
         ("malformed.jsonl", "malformed.expected.jsonl"),
         ("task_instance_id.jsonl", "task_instance_id.expected.jsonl"),
+        ("spark_drivers.jsonl", "spark_drivers.expected.jsonl"),
     ] {
         assert_eq!(
             lines(&decide_file(input)),
@@ -109,6 +110,33 @@ fn seed_003_duplicates_choose_the_running_pod_and_never_fail() {
     assert_eq!(kinds(&out), ["running", "duplicate", "completed"]);
     assert_eq!(out[1]["chosen"]["name"], "spark-submit-a");
     assert_eq!(out[1]["others"][0]["name"], "spark-submit-b");
+}
+
+/// Seed 003's own case: Spark driver pods, chosen by what their SparkApplication says.
+#[test]
+fn spark_drivers_are_chosen_by_their_application_then_by_find_spark_jobs_order() {
+    let out = lines(&decide_file("spark_drivers.jsonl"));
+    let said: Vec<(&str, &str, &str)> = out
+        .iter()
+        .map(|line| {
+            (
+                line["kind"].as_str().unwrap(),
+                line["reason"].as_str().unwrap(),
+                line["chosen"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            // The application tracks the older running driver, not the newer pending one.
+            ("duplicate", "spark_application", "crunch-app-driver"),
+            ("duplicate", "spark_application", "crunch-app-driver"),
+            // It names a pod that is gone: a pending driver beats a terminating one.
+            ("duplicate", "spark_pod_facts", "crunch-app-driver-2"),
+        ]
+    );
+    assert_eq!(out[2]["others"][0]["name"], "crunch-app-driver-3");
 }
 
 #[test]

@@ -125,6 +125,7 @@ fn commands() -> Vec<Command> {
             Kind::Duplicate(Duplicate {
                 chosen: Some(pod("twins-a")),
                 others: vec![pod("twins-b")],
+                ..Duplicate::default()
             }),
         ),
         command("c11", key("scheduled", -1, 1), fail()),
