@@ -116,8 +116,11 @@ pub fn decide_stream<R: Read>(
             }
         };
         let raw = value.get();
-        // Spark objects are rare and read whole; the cheap test keeps worker pods fast.
-        let spark = (raw.contains("spark-role") || raw.contains("SparkApplication"))
+        // Spark objects are rare and read whole. One scan for what `spark-role` and
+        // `SparkApplication` share keeps worker pods on the fast path; a false hit only
+        // costs a full parse.
+        let spark = raw
+            .contains("park")
             .then(|| serde_json::from_str::<serde_json::Value>(raw).ok())
             .flatten();
         match spark.as_ref().and_then(spark_items) {
