@@ -7,14 +7,15 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use podstream_processor::spark::{DriverPod, by_facts};
 use podstream_proto::v1::Phase;
 use podstream_sim::object::Key;
-use podstream_sim::{DeleteOptions, Deletion, Resource, Server, SimConfig};
+use podstream_sim::{CustomResource, DeleteOptions, Deletion, Resource, Server, SimConfig};
 use podstream_tests::airflow::Airflow;
-use podstream_tests::workspace_root;
+use podstream_tests::{kubectl, podstream_binary, workspace_root};
 use serde_json::{Value, json};
 
 const NS: &str = "airflow";
@@ -46,24 +47,146 @@ impl Cases {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn podstream_chooses_the_driver_find_spark_job_chooses() {
-    let airflow = Airflow::newest();
-    airflow.installed().unwrap();
+/// The simulator (serving SparkApplications), its kubeconfig, and a scratch directory.
+struct Stage {
+    server: Server,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+async fn stage() -> Stage {
+    let spark =
+        CustomResource::load(&workspace_root().join("sim/crds/sparkapplications.yaml")).unwrap();
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let config = SimConfig {
         namespaces: vec![NS.into()],
+        custom_resources: vec![spark],
         ..SimConfig::default()
     };
     let server = Server::start(addr, config).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
-    let cluster = server.cluster();
+    Stage {
+        server,
+        kubeconfig,
+        dir,
+    }
+}
 
+/// One driver pod of `task_id`, as the Spark operator makes it.
+struct Driver<'a> {
+    task_id: &'a str,
+    name: &'a str,
+    phase: &'a str,
+    created_at: &'a str,
+    terminating: bool,
+    checked: bool,
+    application: Option<&'a str>,
+}
+
+impl Stage {
+    fn create_driver(&self, driver: &Driver<'_>) {
+        let cluster = self.server.cluster();
+        let mut labels = json!({
+            "dag_id": "spark_dag",
+            "task_id": driver.task_id,
+            "run_id": "r1",
+            "spark_kubernetes_operator": "True",
+            "try_number": "1",
+            "spark-role": "driver",
+        });
+        if driver.checked {
+            labels["already_checked"] = json!("True");
+        }
+        if let Some(application) = driver.application {
+            labels["sparkoperator.k8s.io/app-name"] = json!(application);
+        }
+        cluster
+            .create_pod(json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": { "name": driver.name, "namespace": NS, "labels": labels },
+                "spec": { "containers": [{ "name": "spark-kubernetes-driver", "image": "spark:3.5" }] },
+                "status": { "phase": driver.phase },
+            }))
+            .unwrap();
+        let created_at = driver.created_at.to_owned();
+        cluster
+            .modify_pod(NS, driver.name, |pod| {
+                pod["metadata"]["creationTimestamp"] = json!(created_at);
+            })
+            .unwrap();
+        if driver.terminating {
+            // A graceful delete with an hour's grace: terminating while the provider asks.
+            let options = DeleteOptions {
+                grace_period_seconds: Some(3600),
+                ..DeleteOptions::default()
+            };
+            let key = Key::new(Resource::Pods, NS, driver.name);
+            assert!(matches!(
+                cluster.delete(&key, &options).unwrap(),
+                Deletion::Pending(_)
+            ));
+        }
+    }
+
+    /// The driver the provider's own `find_spark_job` reattaches to, for each task.
+    async fn ask_provider(&self, tasks: &[String]) -> Vec<Option<String>> {
+        let airflow = Airflow::newest();
+        airflow.installed().unwrap();
+        let cases: Vec<Value> = tasks
+            .iter()
+            .map(|task_id| json!({ "dag_id": "spark_dag", "task_id": task_id, "run_id": "r1", "try_number": 1 }))
+            .collect();
+        let script = workspace_root().join("tests/airflow/find_spark_job.py");
+        let home = self.dir.path().join("airflow-home");
+        std::fs::create_dir_all(&home).unwrap();
+        let input = serde_json::to_vec(&cases).unwrap();
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let output = tokio::task::spawn_blocking(move || {
+            let mut child = airflow
+                .python(&home)
+                .arg(script)
+                .args([kubeconfig.as_str(), NS])
+                .env(
+                    "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+                    r#"{"conn_type": "kubernetes"}"#,
+                )
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(&input).unwrap();
+            child.wait_with_output().unwrap()
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "find_spark_job.py: {stderr}");
+        let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| line.starts_with('{'))
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        assert_eq!(answers.len(), tasks.len(), "{stderr}");
+        tasks
+            .iter()
+            .zip(answers)
+            .map(|(task_id, answer)| {
+                assert_eq!(answer["task_id"], json!(task_id));
+                answer["chosen"].as_str().map(str::to_owned)
+            })
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podstream_chooses_the_driver_find_spark_job_chooses() {
+    let stage = stage().await;
     let mut generator = Cases(0x5eed_5eed_5eed_5eed);
     let mut expected = Vec::new();
-    let mut cases = Vec::new();
     for case in 0..CASES {
         let task_id = format!("t{case}");
         let count = 1 + generator.below(4) as usize;
@@ -77,43 +200,15 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
             let checked = generator.below(100) < 15;
             let (created_at, created_seconds) = CREATED[generator.below(3) as usize];
             let name = format!("{task_id}-{letter}-driver");
-            let mut labels = json!({
-                "dag_id": "spark_dag",
-                "task_id": task_id,
-                "run_id": "r1",
-                "spark_kubernetes_operator": "True",
-                "try_number": "1",
-                "spark-role": "driver",
+            stage.create_driver(&Driver {
+                task_id: &task_id,
+                name: &name,
+                phase: phase_name,
+                created_at,
+                terminating,
+                checked,
+                application: None,
             });
-            if checked {
-                labels["already_checked"] = json!("True");
-            }
-            cluster
-                .create_pod(json!({
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": { "name": name, "namespace": NS, "labels": labels },
-                    "spec": { "containers": [{ "name": "spark-kubernetes-driver", "image": "spark:3.5" }] },
-                    "status": { "phase": phase_name },
-                }))
-                .unwrap();
-            cluster
-                .modify_pod(NS, &name, |pod| {
-                    pod["metadata"]["creationTimestamp"] = json!(created_at);
-                })
-                .unwrap();
-            if terminating {
-                // A graceful delete with an hour's grace: terminating while the provider asks.
-                let options = DeleteOptions {
-                    grace_period_seconds: Some(3600),
-                    ..DeleteOptions::default()
-                };
-                let key = Key::new(Resource::Pods, NS, &name);
-                assert!(matches!(
-                    cluster.delete(&key, &options).unwrap(),
-                    Deletion::Pending(_)
-                ));
-            }
             drivers.push(DriverPod {
                 name,
                 phase,
@@ -126,50 +221,14 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
         // the provider sees this order.
         drivers.sort_by(|a, b| a.name.cmp(&b.name));
         let chosen = by_facts(&drivers).map(|i| drivers[i].name.clone());
-        expected.push((task_id.clone(), chosen, drivers));
-        cases.push(
-            json!({ "dag_id": "spark_dag", "task_id": task_id, "run_id": "r1", "try_number": 1 }),
-        );
+        expected.push((task_id, chosen, drivers));
     }
-
-    let script = workspace_root().join("tests/airflow/find_spark_job.py");
-    let home = dir.path().join("airflow-home");
-    std::fs::create_dir_all(&home).unwrap();
-    let input = serde_json::to_vec(&cases).unwrap();
-    let kubeconfig_arg = kubeconfig.display().to_string();
-    let output = tokio::task::spawn_blocking(move || {
-        let mut child = airflow
-            .python(&home)
-            .arg(script)
-            .args([kubeconfig_arg.as_str(), NS])
-            .env(
-                "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-                r#"{"conn_type": "kubernetes"}"#,
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&input).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "find_spark_job.py: {stderr}");
-    let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    assert_eq!(answers.len(), CASES, "{stderr}");
+    let tasks: Vec<String> = expected.iter().map(|(task, _, _)| task.clone()).collect();
+    let answers = stage.ask_provider(&tasks).await;
 
     let mut differences = Vec::new();
     let (mut several, mut none) = (0, 0);
-    for ((task_id, chosen, drivers), answer) in expected.iter().zip(&answers) {
-        assert_eq!(answer["task_id"], json!(task_id));
-        let provider = answer["chosen"].as_str().map(str::to_owned);
+    for ((task_id, chosen, drivers), provider) in expected.iter().zip(answers) {
         if provider != *chosen {
             differences.push(format!(
                 "{task_id}: podstream {chosen:?}, provider {provider:?}, pods {drivers:?}"
@@ -190,4 +249,155 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
         several > CASES / 3 && none > 10,
         "several {several}, none {none}"
     );
+}
+
+/// Seed 003 with the SparkApplication in the picture: the stock `find_spark_job` against
+/// `podstream decide` over kubectl's view of the same simulator, with two and three driver
+/// pods. The report shows where they differ: where the application tracks an older driver
+/// than the one pod facts favour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_the_application_names_an_older_driver_podstream_and_stock_differ() {
+    let stage = stage().await;
+    let at = |i: usize| CREATED[i].0;
+    let driver = |task_id, name, phase, created_at, terminating| Driver {
+        task_id,
+        name,
+        phase,
+        created_at,
+        terminating,
+        checked: false,
+        application: Some(task_id),
+    };
+    // (task, the driver its application names, its drivers, stock's and podstream's choice)
+    let scenarios = [
+        (
+            "two",
+            "two-driver",
+            vec![
+                driver("two", "two-driver", "Running", at(0), false),
+                driver("two", "two-driver-2", "Pending", at(1), false),
+            ],
+            ("two-driver-2", "two-driver", "spark_application"),
+        ),
+        (
+            "three",
+            "three-driver",
+            vec![
+                driver("three", "three-driver", "Running", at(0), false),
+                driver("three", "three-driver-2", "Running", at(1), true),
+                driver("three", "three-driver-3", "Pending", at(2), false),
+            ],
+            ("three-driver-3", "three-driver", "spark_application"),
+        ),
+        (
+            "gone",
+            "gone-driver",
+            vec![
+                driver("gone", "gone-driver-2", "Running", at(0), false),
+                driver("gone", "gone-driver-3", "Pending", at(1), false),
+            ],
+            ("gone-driver-3", "gone-driver-3", "spark_pod_facts"),
+        ),
+    ];
+    let cluster = stage.server.cluster();
+    let spark = cluster
+        .served()
+        .find("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+        .unwrap();
+    for (task, named, drivers, _) in &scenarios {
+        cluster
+            .create(
+                spark,
+                NS,
+                json!({
+                    "apiVersion": "sparkoperator.k8s.io/v1beta2",
+                    "kind": "SparkApplication",
+                    "metadata": { "name": task, "namespace": NS },
+                    "spec": { "type": "Python", "mode": "cluster" },
+                    "status": { "driverInfo": { "podName": named } },
+                }),
+                false,
+            )
+            .unwrap();
+        for driver in drivers {
+            stage.create_driver(driver);
+        }
+    }
+
+    let tasks: Vec<String> = scenarios.iter().map(|s| s.0.to_owned()).collect();
+    let stock = stage.ask_provider(&tasks).await;
+    let podstream = decided_drivers(&stage);
+
+    println!("task     drivers  stock find_spark_job  podstream (why)");
+    for ((task, _, drivers, _), stock) in scenarios.iter().zip(&stock) {
+        let (chosen, why) = podstream.get(*task).cloned().unwrap_or_default();
+        println!(
+            "{task:<8} {:<8} {:<21} {chosen} ({why})",
+            drivers.len(),
+            stock.as_deref().unwrap_or("none")
+        );
+    }
+    for ((task, _, _, (want_stock, want_podstream, want_why)), stock) in
+        scenarios.iter().zip(&stock)
+    {
+        assert_eq!(stock.as_deref(), Some(*want_stock), "{task}: stock");
+        assert_eq!(
+            podstream.get(*task),
+            Some(&(want_podstream.to_string(), want_why.to_string())),
+            "{task}: podstream"
+        );
+    }
+}
+
+/// `podstream decide` over the applications, then the driver pods, as kubectl lists them:
+/// each task's last reported driver and why.
+fn decided_drivers(stage: &Stage) -> std::collections::HashMap<String, (String, String)> {
+    let list = |args: &[&str]| {
+        let (ok, stdout, stderr) = kubectl(&stage.kubeconfig, args);
+        assert!(ok, "kubectl {args:?}: {stderr}");
+        stdout
+    };
+    let mut input = list(&["get", "sparkapplications", "-n", NS, "-o", "json"]);
+    input.push_str(&list(&[
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "spark-role=driver",
+        "-o",
+        "json",
+    ]));
+    let mut child = std::process::Command::new(podstream_binary())
+        .arg("decide")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut chosen = std::collections::HashMap::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(line["kind"], "duplicate", "{line}");
+        chosen.insert(
+            line["ti"]["task_id"].as_str().unwrap().to_owned(),
+            (
+                line["chosen"]["name"].as_str().unwrap().to_owned(),
+                line["reason"].as_str().unwrap().to_owned(),
+            ),
+        );
+    }
+    chosen
 }
