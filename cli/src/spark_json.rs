@@ -3,8 +3,9 @@
 //! pod labelled `spark-role=driver` without `airflow-worker`; its task instance is its label
 //! tuple as the SparkKubernetesOperator sets it.
 
+use podstream_ingest::projection::phase_named;
 use podstream_processor::spark::{ApplicationEvent, DriverEvent, DriverPod};
-use podstream_proto::v1::{Phase, PodRef, TaskKey};
+use podstream_proto::v1::{PodRef, TaskKey};
 use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -118,7 +119,7 @@ fn driver_event(object: &Value, pod: PodRef, gone: bool) -> Result<SparkItem, (S
         },
         facts: DriverPod {
             name: pod.name.clone(),
-            phase: phase(object["status"]["phase"].as_str()),
+            phase: phase_named(object["status"]["phase"].as_str()),
             terminating: meta.get("deletionTimestamp").is_some_and(|t| !t.is_null()),
             created_unix_ms: unix_ms(&meta["creationTimestamp"]),
             checked: label("already_checked") == Some("True"),
@@ -131,17 +132,6 @@ fn driver_event(object: &Value, pod: PodRef, gone: bool) -> Result<SparkItem, (S
         gone,
         pod,
     }))
-}
-
-fn phase(name: Option<&str>) -> Phase {
-    match name {
-        Some("Pending") => Phase::Pending,
-        Some("Running") => Phase::Running,
-        Some("Succeeded") => Phase::Succeeded,
-        Some("Failed") => Phase::Failed,
-        Some("Unknown") => Phase::Unknown,
-        _ => Phase::Unspecified,
-    }
 }
 
 fn unix_ms(value: &Value) -> Option<i64> {

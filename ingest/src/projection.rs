@@ -226,6 +226,18 @@ pub fn project(event_type: EventType, pod: &Pod) -> Result<PodEvent, ProjectionE
     project_facts(event_type, &PodFacts::of(pod))
 }
 
+/// A pod's `status.phase` as Kubernetes names it; anything else is `Unspecified`.
+pub fn phase_named(name: Option<&str>) -> Phase {
+    match name {
+        Some("Pending") => Phase::Pending,
+        Some("Running") => Phase::Running,
+        Some("Succeeded") => Phase::Succeeded,
+        Some("Failed") => Phase::Failed,
+        Some("Unknown") => Phase::Unknown,
+        _ => Phase::Unspecified,
+    }
+}
+
 /// Projects one watch event of a pod, given its facts, into a `PodEvent`.
 pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, ProjectionError> {
     // Without a uid the pod's events cannot be ordered.
@@ -235,14 +247,7 @@ pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, 
     let owner = pod.labels.owner.ok_or(ProjectionError::NoOwner)?;
     let task = task_key(pod.annotations.as_ref())?;
 
-    let phase = match pod.phase {
-        Some("Pending") => Phase::Pending,
-        Some("Running") => Phase::Running,
-        Some("Succeeded") => Phase::Succeeded,
-        Some("Failed") => Phase::Failed,
-        Some("Unknown") => Phase::Unknown,
-        _ => Phase::Unspecified,
-    };
+    let phase = phase_named(pod.phase);
     let first_app = match pod.first_container {
         Some(name) => pod.app_statuses.iter().find(|s| s.name == name),
         None => pod.app_statuses.first(),

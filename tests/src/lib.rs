@@ -115,6 +115,48 @@ pub fn kubectl_has_subresource_flag() -> bool {
         .unwrap_or(false)
 }
 
+/// A simulator serving the `airflow` namespace, with its kubeconfig in a scratch directory.
+pub struct Sim {
+    /// The running simulator.
+    pub server: podstream_sim::Server,
+    /// Its kubeconfig, for kubectl and the kube crate.
+    pub kubeconfig: PathBuf,
+    /// The scratch directory, removed on drop.
+    pub dir: tempfile::TempDir,
+}
+
+/// Starts a [`Sim`]; with `spark`, it also serves SparkApplications (sim/crds/).
+///
+/// # Panics
+/// When it cannot start.
+pub async fn sim(spark: bool) -> Sim {
+    let custom_resources = if spark {
+        let crd = workspace_root().join("sim/crds/sparkapplications.yaml");
+        vec![podstream_sim::CustomResource::load(&crd).unwrap_or_else(|e| panic!("{e}"))]
+    } else {
+        Vec::new()
+    };
+    let config = podstream_sim::SimConfig {
+        namespaces: vec!["airflow".into()],
+        custom_resources,
+        ..podstream_sim::SimConfig::default()
+    };
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = podstream_sim::Server::start(address, config)
+        .await
+        .unwrap_or_else(|e| panic!("starting the simulator: {e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .unwrap_or_else(|e| panic!("writing the kubeconfig: {e}"));
+    Sim {
+        server,
+        kubeconfig,
+        dir,
+    }
+}
+
 /// A kube client for a simulator, configured from the kubeconfig it writes.
 ///
 /// # Panics

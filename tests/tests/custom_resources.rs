@@ -5,44 +5,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
-use podstream_sim::{CustomResource, Server, SimConfig};
-use podstream_tests::{
-    KubectlWatch, kube_client, kubectl, kubectl_has_subresource_flag, workspace_root,
-};
+use podstream_sim::{Server, SimConfig};
+use podstream_tests::{KubectlWatch, Sim, kube_client, kubectl, kubectl_has_subresource_flag, sim};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
-
-struct Sim {
-    server: Server,
-    kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-async fn sim_with_spark() -> Sim {
-    let spark =
-        CustomResource::load(&workspace_root().join("sim/crds/sparkapplications.yaml")).unwrap();
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let config = SimConfig {
-        namespaces: vec!["airflow".into()],
-        custom_resources: vec![spark],
-        ..SimConfig::default()
-    };
-    let server = Server::start(addr, config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    Sim {
-        server,
-        kubeconfig,
-        dir,
-    }
-}
 
 fn run(sim: &Sim, args: &[&str]) -> String {
     let (ok, stdout, stderr) = kubectl(&sim.kubeconfig, args);
@@ -82,7 +53,7 @@ async fn next(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_and_kube_rs_serve_spark_applications_with_their_status_subresource() {
-    let sim = sim_with_spark().await;
+    let sim = sim(true).await;
     let resources = run(&sim, &["api-resources", "--api-group=sparkoperator.k8s.io"]);
     assert!(
         resources.contains("sparkapplications") && resources.contains("sparkapp"),

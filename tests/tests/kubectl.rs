@@ -3,35 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use podstream_sim::{Server, SimConfig, WorkerPod};
-use podstream_tests::{KubectlWatch, kubectl, kubectl_has_subresource_flag};
+use podstream_sim::WorkerPod;
+use podstream_tests::{KubectlWatch, Sim, kubectl, kubectl_has_subresource_flag, sim};
 use serde_json::Value;
-
-struct Sim {
-    server: Server,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-async fn sim() -> Sim {
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let config = SimConfig {
-        namespaces: vec!["airflow".into()],
-        ..SimConfig::default()
-    };
-    let server = Server::start(addr, config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    Sim {
-        server,
-        kubeconfig,
-        _dir: dir,
-    }
-}
 
 fn run(sim: &Sim, args: &[&str]) -> String {
     let (ok, stdout, stderr) = kubectl(&sim.kubeconfig, args);
@@ -58,7 +34,7 @@ fn write_pod(dir: &std::path::Path, pod: &Value) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_sees_the_selector_exit_and_graceful_delete_of_a_real_apiserver() {
-    let sim = sim().await;
+    let sim = sim(false).await;
     let dir = tempfile::tempdir().unwrap();
     let mut pod = WorkerPod::new("task-p", "1", "etl", "extract", "manual__1").to_json();
     pod["status"] = Value::Null;
@@ -231,7 +207,7 @@ async fn kubectl_sees_the_selector_exit_and_graceful_delete_of_a_real_apiserver(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_field_selectors_and_tables() {
-    let sim = sim().await;
+    let sim = sim(false).await;
     let cluster = sim.server.cluster();
     for (name, phase) in [
         ("ok-1", "Succeeded"),
@@ -302,7 +278,7 @@ async fn kubectl_field_selectors_and_tables() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_creates_and_deletes_a_namespace_with_its_protobuf_client() {
-    let sim = sim().await;
+    let sim = sim(false).await;
     // kubectl's typed client sends this body as protobuf, not JSON.
     let created = run(&sim, &["create", "namespace", "team-a"]);
     assert!(created.contains("namespace/team-a created"), "{created}");

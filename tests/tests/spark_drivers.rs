@@ -6,16 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write as _;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Stdio;
 
 use podstream_processor::spark::{DriverPod, by_facts};
 use podstream_proto::v1::Phase;
 use podstream_sim::object::Key;
-use podstream_sim::{CustomResource, DeleteOptions, Deletion, Resource, Server, SimConfig};
+use podstream_sim::{DeleteOptions, Deletion, Resource};
 use podstream_tests::airflow::Airflow;
-use podstream_tests::{kubectl, podstream_binary, workspace_root};
+use podstream_tests::{Sim, kubectl, podstream_binary, sim, workspace_root};
 use serde_json::{Value, json};
 
 const NS: &str = "airflow";
@@ -47,33 +45,6 @@ impl Cases {
     }
 }
 
-/// The simulator (serving SparkApplications), its kubeconfig, and a scratch directory.
-struct Stage {
-    server: Server,
-    kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-async fn stage() -> Stage {
-    let spark =
-        CustomResource::load(&workspace_root().join("sim/crds/sparkapplications.yaml")).unwrap();
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let config = SimConfig {
-        namespaces: vec![NS.into()],
-        custom_resources: vec![spark],
-        ..SimConfig::default()
-    };
-    let server = Server::start(addr, config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    Stage {
-        server,
-        kubeconfig,
-        dir,
-    }
-}
-
 /// One driver pod of `task_id`, as the Spark operator makes it.
 struct Driver<'a> {
     task_id: &'a str,
@@ -85,106 +56,104 @@ struct Driver<'a> {
     application: Option<&'a str>,
 }
 
-impl Stage {
-    fn create_driver(&self, driver: &Driver<'_>) {
-        let cluster = self.server.cluster();
-        let mut labels = json!({
-            "dag_id": "spark_dag",
-            "task_id": driver.task_id,
-            "run_id": "r1",
-            "spark_kubernetes_operator": "True",
-            "try_number": "1",
-            "spark-role": "driver",
-        });
-        if driver.checked {
-            labels["already_checked"] = json!("True");
-        }
-        if let Some(application) = driver.application {
-            labels["sparkoperator.k8s.io/app-name"] = json!(application);
-        }
-        cluster
-            .create_pod(json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": { "name": driver.name, "namespace": NS, "labels": labels },
-                "spec": { "containers": [{ "name": "spark-kubernetes-driver", "image": "spark:3.5" }] },
-                "status": { "phase": driver.phase },
-            }))
-            .unwrap();
-        let created_at = driver.created_at.to_owned();
-        cluster
-            .modify_pod(NS, driver.name, |pod| {
-                pod["metadata"]["creationTimestamp"] = json!(created_at);
-            })
-            .unwrap();
-        if driver.terminating {
-            // A graceful delete with an hour's grace: terminating while the provider asks.
-            let options = DeleteOptions {
-                grace_period_seconds: Some(3600),
-                ..DeleteOptions::default()
-            };
-            let key = Key::new(Resource::Pods, NS, driver.name);
-            assert!(matches!(
-                cluster.delete(&key, &options).unwrap(),
-                Deletion::Pending(_)
-            ));
-        }
+fn create_driver(sim: &Sim, driver: &Driver<'_>) {
+    let cluster = sim.server.cluster();
+    let mut labels = json!({
+        "dag_id": "spark_dag",
+        "task_id": driver.task_id,
+        "run_id": "r1",
+        "spark_kubernetes_operator": "True",
+        "try_number": "1",
+        "spark-role": "driver",
+    });
+    if driver.checked {
+        labels["already_checked"] = json!("True");
     }
-
-    /// The driver the provider's own `find_spark_job` reattaches to, for each task.
-    async fn ask_provider(&self, tasks: &[String]) -> Vec<Option<String>> {
-        let airflow = Airflow::newest();
-        airflow.installed().unwrap();
-        let cases: Vec<Value> = tasks
-            .iter()
-            .map(|task_id| json!({ "dag_id": "spark_dag", "task_id": task_id, "run_id": "r1", "try_number": 1 }))
-            .collect();
-        let script = workspace_root().join("tests/airflow/find_spark_job.py");
-        let home = self.dir.path().join("airflow-home");
-        std::fs::create_dir_all(&home).unwrap();
-        let input = serde_json::to_vec(&cases).unwrap();
-        let kubeconfig = self.kubeconfig.display().to_string();
-        let output = tokio::task::spawn_blocking(move || {
-            let mut child = airflow
-                .python(&home)
-                .arg(script)
-                .args([kubeconfig.as_str(), NS])
-                .env(
-                    "AIRFLOW_CONN_KUBERNETES_DEFAULT",
-                    r#"{"conn_type": "kubernetes"}"#,
-                )
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            child.stdin.take().unwrap().write_all(&input).unwrap();
-            child.wait_with_output().unwrap()
-        })
-        .await
+    if let Some(application) = driver.application {
+        labels["sparkoperator.k8s.io/app-name"] = json!(application);
+    }
+    cluster
+        .create_pod(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": driver.name, "namespace": NS, "labels": labels },
+            "spec": { "containers": [{ "name": "spark-kubernetes-driver", "image": "spark:3.5" }] },
+            "status": { "phase": driver.phase },
+        }))
         .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "find_spark_job.py: {stderr}");
-        let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter(|line| line.starts_with('{'))
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect();
-        assert_eq!(answers.len(), tasks.len(), "{stderr}");
-        tasks
-            .iter()
-            .zip(answers)
-            .map(|(task_id, answer)| {
-                assert_eq!(answer["task_id"], json!(task_id));
-                answer["chosen"].as_str().map(str::to_owned)
-            })
-            .collect()
+    let created_at = driver.created_at.to_owned();
+    cluster
+        .modify_pod(NS, driver.name, |pod| {
+            pod["metadata"]["creationTimestamp"] = json!(created_at);
+        })
+        .unwrap();
+    if driver.terminating {
+        // A graceful delete with an hour's grace: terminating while the provider asks.
+        let options = DeleteOptions {
+            grace_period_seconds: Some(3600),
+            ..DeleteOptions::default()
+        };
+        let key = Key::new(Resource::Pods, NS, driver.name);
+        assert!(matches!(
+            cluster.delete(&key, &options).unwrap(),
+            Deletion::Pending(_)
+        ));
     }
+}
+
+/// The driver the provider's own `find_spark_job` reattaches to, for each task.
+async fn ask_provider(sim: &Sim, tasks: &[String]) -> Vec<Option<String>> {
+    let airflow = Airflow::newest();
+    airflow.installed().unwrap();
+    let cases: Vec<Value> = tasks
+        .iter()
+        .map(|task_id| json!({ "dag_id": "spark_dag", "task_id": task_id, "run_id": "r1", "try_number": 1 }))
+        .collect();
+    let script = workspace_root().join("tests/airflow/find_spark_job.py");
+    let home = sim.dir.path().join("airflow-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let input = serde_json::to_vec(&cases).unwrap();
+    let kubeconfig = sim.kubeconfig.display().to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = airflow
+            .python(&home)
+            .arg(script)
+            .args([kubeconfig.as_str(), NS])
+            .env(
+                "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+                r#"{"conn_type": "kubernetes"}"#,
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&input).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "find_spark_job.py: {stderr}");
+    let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(answers.len(), tasks.len(), "{stderr}");
+    tasks
+        .iter()
+        .zip(answers)
+        .map(|(task_id, answer)| {
+            assert_eq!(answer["task_id"], json!(task_id));
+            answer["chosen"].as_str().map(str::to_owned)
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podstream_chooses_the_driver_find_spark_job_chooses() {
-    let stage = stage().await;
+    let stage = sim(true).await;
     let mut generator = Cases(0x5eed_5eed_5eed_5eed);
     let mut expected = Vec::new();
     for case in 0..CASES {
@@ -200,15 +169,18 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
             let checked = generator.below(100) < 15;
             let (created_at, created_seconds) = CREATED[generator.below(3) as usize];
             let name = format!("{task_id}-{letter}-driver");
-            stage.create_driver(&Driver {
-                task_id: &task_id,
-                name: &name,
-                phase: phase_name,
-                created_at,
-                terminating,
-                checked,
-                application: None,
-            });
+            create_driver(
+                &stage,
+                &Driver {
+                    task_id: &task_id,
+                    name: &name,
+                    phase: phase_name,
+                    created_at,
+                    terminating,
+                    checked,
+                    application: None,
+                },
+            );
             drivers.push(DriverPod {
                 name,
                 phase,
@@ -224,7 +196,7 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
         expected.push((task_id, chosen, drivers));
     }
     let tasks: Vec<String> = expected.iter().map(|(task, _, _)| task.clone()).collect();
-    let answers = stage.ask_provider(&tasks).await;
+    let answers = ask_provider(&stage, &tasks).await;
 
     let mut differences = Vec::new();
     let (mut several, mut none) = (0, 0);
@@ -257,7 +229,7 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
 /// than the one pod facts favour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn where_the_application_names_an_older_driver_podstream_and_stock_differ() {
-    let stage = stage().await;
+    let stage = sim(true).await;
     let at = |i: usize| CREATED[i].0;
     let driver = |task_id, name, phase, created_at, terminating| Driver {
         task_id,
@@ -320,12 +292,12 @@ async fn where_the_application_names_an_older_driver_podstream_and_stock_differ(
             )
             .unwrap();
         for driver in drivers {
-            stage.create_driver(driver);
+            create_driver(&stage, driver);
         }
     }
 
     let tasks: Vec<String> = scenarios.iter().map(|s| s.0.to_owned()).collect();
-    let stock = stage.ask_provider(&tasks).await;
+    let stock = ask_provider(&stage, &tasks).await;
     let podstream = decided_drivers(&stage);
 
     println!("task     drivers  stock find_spark_job  podstream (why)");
@@ -351,7 +323,7 @@ async fn where_the_application_names_an_older_driver_podstream_and_stock_differ(
 
 /// `podstream decide` over the applications, then the driver pods, as kubectl lists them:
 /// each task's last reported driver and why.
-fn decided_drivers(stage: &Stage) -> std::collections::HashMap<String, (String, String)> {
+fn decided_drivers(stage: &Sim) -> std::collections::HashMap<String, (String, String)> {
     let list = |args: &[&str]| {
         let (ok, stdout, stderr) = kubectl(&stage.kubeconfig, args);
         assert!(ok, "kubectl {args:?}: {stderr}");
