@@ -10,12 +10,14 @@
 //! [`SparkJobs`] keeps what driver pod and SparkApplication events show and reports the choice
 //! as a `duplicate` whenever a task instance has several drivers and the choice changes.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use podstream_proto::task::command_id;
 use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Command, Duplicate, DuplicateBasis, Phase, PodRef, TaskKey};
+
+use crate::command::TaskCommand;
 
 /// The facts of one driver pod that the choice reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,18 +263,19 @@ impl SparkJobs {
         if drivers.reported.as_ref() == Some(&signature) {
             return None;
         }
-        let command = Command {
-            id: command_id(&chosen.pod.uid, resource_version, "duplicate"),
-            task: Some(chosen.task.clone()),
-            pod: Some(chosen.pod.clone()),
-            owner: String::new(),
-            resource_version: resource_version.to_owned(),
-            kind: Some(Kind::Duplicate(Duplicate {
+        // A driver has no `airflow-worker` label: no owner.
+        let command = TaskCommand {
+            task: &chosen.task,
+            pod: Cow::Borrowed(&chosen.pod),
+            owner: Cow::Borrowed(""),
+            resource_version: Cow::Borrowed(resource_version),
+            kind: Kind::Duplicate(Duplicate {
                 chosen: Some(chosen.pod.clone()),
                 others: others.iter().map(|d| d.pod.clone()).collect(),
                 basis: choice.basis as i32,
-            })),
-        };
+            }),
+        }
+        .into_command();
         drivers.reported = Some(signature);
         Some(command)
     }

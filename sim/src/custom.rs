@@ -117,7 +117,7 @@ impl CustomResource {
                 problem: "must be <spec.names.plural>.<spec.group>",
             });
         }
-        let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+        let versions: &[Value] = spec["versions"].as_array().map_or(&[], Vec::as_slice);
         let served = |v: &&Value| v["served"].as_bool().unwrap_or(false);
         let version = versions
             .iter()
