@@ -99,16 +99,44 @@ impl Service {
         i32::try_from(self.child.id()).ok().map(Pid::from_raw)
     }
 
-    /// Sends `signal` to the whole group.
+    /// Its own process group and those of every process descended from it: all that a
+    /// container running it would hold. Airflow 2's scheduler starts its DAG file processor
+    /// manager in a group of its own, and that manager keeps copies of the scheduler's
+    /// database sockets: a scheduler killed with only its own group leaves the manager
+    /// running, and with it the killed scheduler's open transaction and its row locks.
+    fn groups(&self) -> BTreeSet<Pid> {
+        let mut groups: BTreeSet<Pid> = self.group().into_iter().collect();
+        groups.extend(descendant_groups(self.child.id()));
+        groups
+    }
+
+    /// Sends `signal` to every process the component has, as when its container is
+    /// signalled; after SIGKILL, waits until none of them is left.
     fn signal(&self, signal: Signal) {
-        if let Some(group) = self.group() {
-            let _ = killpg(group, signal);
+        let groups = self.groups();
+        for group in &groups {
+            let _ = killpg(*group, signal);
+        }
+        if signal == Signal::SIGKILL {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while any_alive_in(&groups) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: processes of groups {groups:?} outlived SIGKILL",
+                    self.name
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
 
-    /// SIGTERM, up to 15 s to exit, then SIGKILL.
+    /// SIGTERM to its own group (Airflow stops its children itself), up to 15 s to exit,
+    /// then SIGKILL to whatever of it is left.
     fn stop(&mut self) {
-        self.signal(Signal::SIGTERM);
+        let groups = self.groups();
+        if let Some(group) = self.group() {
+            let _ = killpg(group, Signal::SIGTERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -116,7 +144,9 @@ impl Service {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.signal(Signal::SIGKILL);
+        for group in groups.union(&self.groups()) {
+            let _ = killpg(*group, Signal::SIGKILL);
+        }
         let _ = self.child.wait();
     }
 
@@ -500,8 +530,9 @@ impl RealAirflow {
             }
             assert!(
                 Instant::now() < deadline,
-                "waited {timeout:?} for {what}\n{}\n{}",
+                "waited {timeout:?} for {what}\n{}\n{}\n{}",
                 self.timeline(),
+                self.database_state(),
                 self.logs()
             );
             std::thread::sleep(Duration::from_millis(250));
@@ -619,6 +650,30 @@ impl RealAirflow {
         }
     }
 
+    /// What the database says that the timeline does not: whether each DAG is active and
+    /// unpaused (a scheduler examines only those runs), and every open transaction (a run
+    /// whose row a dead session still locks is skipped by every scheduler).
+    fn database_state(&self) -> String {
+        let rows = |sql: &str| {
+            self.query(sql)
+                .iter()
+                .map(|row| format!("  {}", row.join(" | ")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "--- dags (dag_id | is_active | is_paused):\n{}\n\
+             --- open transactions (pid | state | age | query):\n{}",
+            rows("SELECT dag_id, is_active, is_paused FROM dag ORDER BY dag_id"),
+            rows(
+                "SELECT pid, state, now() - xact_start, \
+                 regexp_replace(left(query, 100), '\\s+', ' ', 'g') FROM pg_stat_activity \
+                 WHERE datname = current_database() AND xact_start IS NOT NULL \
+                 AND pid <> pg_backend_pid() ORDER BY xact_start"
+            )
+        )
+    }
+
     /// The last lines of every process's log.
     pub fn logs(&self) -> String {
         self.sim
@@ -644,6 +699,63 @@ impl Drop for RealAirflow {
             sim.stop();
         }
     }
+}
+
+/// A process as `/proc/<pid>/stat` shows it.
+struct Process {
+    pid: u32,
+    parent: u32,
+    group: Pid,
+    zombie: bool,
+}
+
+/// Every process on the machine now.
+fn processes() -> Vec<Process> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command's closing parenthesis: state, parent, process group.
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let zombie = fields.next()? == "Z";
+            let parent = fields.next()?.parse().ok()?;
+            let group = Pid::from_raw(fields.next()?.parse().ok()?);
+            Some(Process {
+                pid,
+                parent,
+                group,
+                zombie,
+            })
+        })
+        .collect()
+}
+
+/// The process groups of every process descended from `root`.
+fn descendant_groups(root: u32) -> BTreeSet<Pid> {
+    let all = processes();
+    let mut tree = BTreeSet::from([root]);
+    let mut groups = BTreeSet::new();
+    loop {
+        let before = tree.len();
+        for process in &all {
+            if tree.contains(&process.parent) && tree.insert(process.pid) {
+                groups.insert(process.group);
+            }
+        }
+        if tree.len() == before {
+            return groups;
+        }
+    }
+}
+
+/// Whether any live process is in one of `groups`.
+fn any_alive_in(groups: &BTreeSet<Pid>) -> bool {
+    processes()
+        .iter()
+        .any(|process| !process.zombie && groups.contains(&process.group))
 }
 
 fn sim_ready(log: &Path) -> bool {
