@@ -16,18 +16,38 @@ impl Database {
     /// was committed, nothing is dead).
     pub async fn apply_batch(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
+        let refused = match self.apply_in_one_transaction(&mut conn, items).await {
+            Ok(outcomes) => return Ok(outcomes),
+            Err(error) if fault_of(&error) == Fault::Database => {
+                retire(&mut conn);
+                return Err(error);
+            }
+            Err(error) => error,
+        };
+        // SQLite's pool holds one connection: the slow path takes it back.
+        drop(conn);
+        tracing::warn!(error = %refused, commands = items.len(), "batch refused; applying it command by command");
+        self.apply_each(items).await
+    }
+
+    async fn apply_in_one_transaction(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        items: &[Item],
+    ) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut tx = conn.begin().await?;
         match self.apply_set(&mut tx, items).await {
             Ok(outcomes) => {
                 tx.commit().await?;
                 Ok(outcomes)
             }
-            Err(error) if fault_of(&error) == Fault::Database => Err(error),
             Err(error) => {
-                tx.rollback().await?;
-                drop(conn);
-                tracing::warn!(%error, commands = items.len(), "batch refused; applying it command by command");
-                self.apply_each(items).await
+                // Dropped, a transaction rolls back on the connection's next use; a refused
+                // batch is rolled back now, before its commands are tried one by one.
+                if fault_of(&error) == Fault::Command {
+                    tx.rollback().await?;
+                }
+                Err(error)
             }
         }
     }
@@ -36,6 +56,18 @@ impl Database {
     /// one refused command is rolled back alone.
     pub async fn apply_each(&self, items: &[Item]) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
+        let result = self.apply_each_on(&mut conn, items).await;
+        if result.is_err() {
+            retire(&mut conn);
+        }
+        result
+    }
+
+    async fn apply_each_on(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        items: &[Item],
+    ) -> Result<Vec<Outcome>, sqlx::Error> {
         let mut tx = conn.begin().await?;
         let mut outcomes = Vec::with_capacity(items.len());
         for item in items {
@@ -60,4 +92,11 @@ impl Database {
         tx.commit().await?;
         Ok(outcomes)
     }
+}
+
+/// Closes a connection that met a fault of the database as a whole instead of pooling it, so
+/// the retry connects afresh: a connection can stay stuck to what refused (a SQLite file
+/// opened read-only, a server demoted to a read-only replica behind the same address).
+fn retire(conn: &mut sqlx::pool::PoolConnection<sqlx::Any>) {
+    conn.close_on_drop();
 }

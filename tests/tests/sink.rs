@@ -1032,9 +1032,10 @@ async fn a_database_slower_than_the_ack_wait_causes_no_redelivery() {
     assert_eq!(states(&db).await, expected_states());
 }
 
-/// A database that refuses every write (a renamed column, then a failover onto a read-only
-/// server) is an outage, not bad commands: while it lasts nothing is dead-lettered, acked or
-/// applied, and when it is undone every command applies once.
+/// A database that refuses every write (a renamed column, a privilege revoked, then a
+/// failover onto a read-only server) is an outage, not bad commands: while it lasts nothing
+/// is dead-lettered, acked or applied, and when it is undone every command applies once. The
+/// sink connects as a role of its own, as in production (a superuser ignores privileges).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_refuses_every_write_loses_no_command() {
     use sqlx::Connection as _;
@@ -1042,11 +1043,21 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     ensure_streams(&js).await;
     let (target, db) = prepared(Airflow::line("3.1"), true, "refusing").await;
-    let (task, stop) = start_sink(&nats.url(), db.clone());
-    let mut consumer = sink_consumer(&js).await;
-
     let mut admin = sqlx::PgConnection::connect(&target.url).await.unwrap();
     let run = |sql: &'static str| sqlx::query(sql);
+    for grant in [
+        "CREATE ROLE podstream_sink LOGIN",
+        "GRANT CREATE, USAGE ON SCHEMA public TO podstream_sink",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO podstream_sink",
+        "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO podstream_sink",
+    ] {
+        run(grant).execute(&mut admin).await.unwrap();
+    }
+    let as_sink = target.url.replacen("postgres@", "podstream_sink@", 1);
+    let sink_db = Database::connect(&as_sink).await.unwrap();
+    let (task, stop) = start_sink(&nats.url(), sink_db);
+    let mut consumer = sink_consumer(&js).await;
+
     run("ALTER TABLE task_instance RENAME COLUMN state TO state_gone")
         .execute(&mut admin)
         .await
@@ -1084,11 +1095,20 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
     };
     refused("a column gone").await;
 
-    // Back, and a failover onto a read-only server: every session from now on is read-only.
+    // The sink's privilege to update task instances revoked (42501), then the column back:
+    // each fault starts before the last one ends, so no retry can slip between them.
+    run("REVOKE UPDATE ON task_instance FROM podstream_sink")
+        .execute(&mut admin)
+        .await
+        .unwrap();
     run("ALTER TABLE task_instance RENAME COLUMN state_gone TO state")
         .execute(&mut admin)
         .await
         .unwrap();
+    refused("a privilege revoked").await;
+
+    // A failover onto a read-only server (every session from now on is read-only), then the
+    // privilege back.
     let database: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&mut admin)
         .await
@@ -1102,6 +1122,10 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
     .await
     .unwrap();
     sqlx::query(end_sessions).execute(&mut admin).await.unwrap();
+    run("GRANT UPDATE ON task_instance TO podstream_sink")
+        .execute(&mut admin)
+        .await
+        .unwrap();
     refused("a read-only database").await;
 
     sqlx::query(&format!(
@@ -1131,6 +1155,105 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
         all
     );
     assert_eq!(consumer.info().await.unwrap().num_ack_pending, 0);
+}
+
+/// A SQLite file the sink may only read (a file left read-only after a restore, a volume
+/// mounted read-only) is an outage too: nothing is dead-lettered or acked while it lasts, and
+/// once the file is writable again every command applies once, over a fresh connection (one
+/// opened read-only stays so). `podstream sink` runs as `nobody`: root ignores a file's mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_sqlite_file_loses_no_command() {
+    use std::os::unix::fs::{PermissionsExt as _, chown};
+    use std::os::unix::process::CommandExt as _;
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    ensure_streams(&js).await;
+    let (target, db) = prepared(Airflow::line("3.1"), false, "read-only").await;
+    db.pool.close().await;
+    let path = std::path::PathBuf::from(target.url.trim_start_matches("sqlite://"));
+    let nobody = std::process::Command::new("id")
+        .args(["-u", "nobody"])
+        .output()
+        .unwrap();
+    let nobody: u32 = String::from_utf8_lossy(&nobody.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let dir = path.parent().unwrap();
+    chown(dir, Some(nobody), Some(nobody)).unwrap();
+    for file in std::fs::read_dir(dir).unwrap() {
+        chown(file.unwrap().path(), Some(nobody), Some(nobody)).unwrap();
+    }
+    // The database's files, as an operator's `chmod 444 airflow.db*` sets them (SQLite makes
+    // its -wal and -shm files with the database file's mode).
+    let mode = |bits| {
+        for file in std::fs::read_dir(dir).unwrap() {
+            let file = file.unwrap().path();
+            if file.to_string_lossy().starts_with(&*path.to_string_lossy()) {
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(bits)).unwrap();
+            }
+        }
+    };
+    mode(0o444);
+    let mut sink = std::process::Command::new(podstream_tests::podstream_binary())
+        .args(["sink", "--nats", &nats.url(), "--db", &target.url])
+        .uid(nobody)
+        .gid(nobody)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("sink.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut consumer = sink_consumer(&js).await;
+    publish(&js, &commands()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let logged = || std::fs::read_to_string(dir.join("sink.err")).unwrap_or_default();
+    assert!(sink.try_wait().unwrap().is_none(), "{}", logged());
+    let dead = js
+        .get_stream("PODSTREAM_DEAD")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(dead, 0, "nothing is dead-lettered");
+    let info = consumer.info().await.unwrap().clone();
+    assert_eq!(
+        info.num_ack_pending,
+        commands().len(),
+        "nothing is acked: {info:?}"
+    );
+    assert!(logged().contains("readonly"), "{}", logged());
+
+    // Once writable, everything is applied and then acked. (The database is read here only
+    // after the sink stops: a root connection would leave WAL files `nobody` cannot write.)
+    mode(0o644);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while consumer.info().await.unwrap().num_ack_pending > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not applied once writable: {}",
+            logged()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &sink.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sink.wait().unwrap().success(), "{}", logged());
+    assert!(logged().contains(", dead-lettered 0"), "{}", logged());
+    let db = Database::connect(&target.url).await.unwrap();
+    assert_eq!(
+        count(
+            &db,
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied"
+        )
+        .await,
+        commands().len() as i64
+    );
+    assert_eq!(states(&db).await, expected_states());
 }
 
 /// SIGTERM while the database is down and commands are held: the sink cannot drain, and
