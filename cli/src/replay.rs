@@ -282,13 +282,15 @@ impl Entry {
     fn add_to(&self, timeline: &mut Timeline) {
         let at = (self.time.unix_timestamp_nanos() / 1_000_000) as i64;
         if self.stream == "pods" {
-            if let Ok(event) = PodEvent::decode(self.payload.as_ref()) {
-                timeline.pod_event(at, self.sequence, &event);
+            match PodEvent::decode(self.payload.as_ref()) {
+                Ok(event) => timeline.pod_event(at, self.sequence, &event),
+                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
             }
-        } else if self.role.as_deref() != Some(Role::Left.as_str())
-            && let Ok(command) = Command::decode(self.payload.as_ref())
-        {
-            timeline.command(at, self.sequence, &command);
+        } else if self.role.as_deref() != Some(Role::Left.as_str()) {
+            match Command::decode(self.payload.as_ref()) {
+                Ok(command) => timeline.command(at, self.sequence, &command),
+                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
+            }
         }
     }
 }

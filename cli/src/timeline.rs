@@ -12,6 +12,9 @@ use podstream_proto::{Command, PodEvent};
 /// Lanes a page holds at most; the task instances beyond are counted and named as left out.
 pub const MAX_LANES: usize = 200;
 
+/// Undecodable messages a page names by stream sequence; the rest are only counted.
+pub const MAX_UNREADABLE_NAMED: usize = 20;
+
 /// Where a pod stood from one of its events on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodState {
@@ -141,6 +144,8 @@ pub struct Timeline {
     lanes: Vec<Lane>,
     by_ti: HashMap<String, usize>,
     left_out: HashSet<String>,
+    unreadable: Vec<(&'static str, u64)>,
+    unreadable_count: usize,
     first: Option<i64>,
     last: Option<i64>,
 }
@@ -159,6 +164,22 @@ impl Timeline {
     /// How many task instances were left out past [`MAX_LANES`].
     pub fn left_out(&self) -> usize {
         self.left_out.len()
+    }
+
+    /// A message of `stream` at `sequence`, published at `at`, that could not be decoded:
+    /// it draws nothing, and the page says where it is.
+    pub fn unreadable(&mut self, at: i64, stream: &'static str, sequence: u64) {
+        self.seen(at);
+        self.unreadable_count += 1;
+        if self.unreadable.len() < MAX_UNREADABLE_NAMED {
+            self.unreadable.push((stream, sequence));
+        }
+    }
+
+    /// How many messages could not be decoded, and the first [`MAX_UNREADABLE_NAMED`] of
+    /// them as (stream, sequence).
+    pub fn unreadable_messages(&self) -> (usize, &[(&'static str, u64)]) {
+        (self.unreadable_count, &self.unreadable)
     }
 
     /// The time span of what was fed (Unix ms), if anything was.

@@ -85,6 +85,26 @@ fn render_part(page: &mut String, part: &Part<'_>, narrow: &str) {
             escape(narrow)
         );
     }
+    let (unreadable, named) = timeline.unreadable_messages();
+    if unreadable > 0 {
+        let where_: Vec<String> = named
+            .iter()
+            .map(|(stream, sequence)| format!("{stream} #{sequence}"))
+            .collect();
+        let more = unreadable - named.len();
+        let _ = writeln!(
+            page,
+            "<p class=\"unreadable\" role=\"status\">{unreadable} message(s) could not be \
+             read and are not drawn: {}{}. <code>podstream replay</code> without \
+             <code>--html</code> shows each as a line.</p>",
+            escape(&where_.join(", ")),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
     axis(page, &scale);
     if timeline.lanes().is_empty() {
         page.push_str("<p class=\"empty\">Nothing in this history.</p>\n");
@@ -314,7 +334,7 @@ h1{font-size:18px}h2{font-size:16px;margin-top:24px}svg{display:block}text{fill:
 .gap{fill:var(--muted);font-style:italic}\
 [tabindex]:focus{outline:3px solid var(--today);outline-offset:1px}\
 .facts{min-height:1.4em;padding:4px 8px;border:1px solid var(--grid)}\
-.left-out{font-weight:600;color:var(--failed)}";
+.left-out,.unreadable{font-weight:600;color:var(--failed)}";
 
 const SCRIPT: &str = "<script>\
 (function(){var p=document.getElementById('facts');\
@@ -400,6 +420,31 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("today&#39;s rules: nothing"), "{page}");
+    }
+
+    #[test]
+    fn unreadable_messages_are_named_where_they_are() {
+        use crate::timeline::MAX_UNREADABLE_NAMED;
+        let mut timeline = Timeline::new();
+        assert!(!render(&timeline, "t", "").contains("could not be read"));
+        timeline.unreadable(10, "pods", 7);
+        let page = render(&timeline, "t", "");
+        assert!(
+            page.contains("1 message(s) could not be read and are not drawn: pods #7."),
+            "{page}"
+        );
+        for sequence in 0..MAX_UNREADABLE_NAMED as u64 + 4 {
+            timeline.unreadable(20, "commands", 100 + sequence);
+        }
+        let page = render(&timeline, "t", "");
+        let total = MAX_UNREADABLE_NAMED + 5;
+        assert!(
+            page.contains(&format!("{total} message(s) could not be read")),
+            "{page}"
+        );
+        assert!(page.contains("commands #100"), "{page}");
+        assert!(page.contains(" and 5 more."), "{page}");
+        assert!(!page.contains(&format!("commands #{}", 100 + MAX_UNREADABLE_NAMED)));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `podstream replay --html`: the page for the seed stories played through `podstream run`
 //! (a relabel, a graceful delete while running, a failure, two pods for one TI), read as a
 //! browser builds it (headless Chromium's DOM and a screenshot), and a page of a narrowed
-//! history that still renders, with its gaps shown.
+//! history and of an undecodable message that still render, with their gaps shown.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -177,7 +177,9 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
     }
 
     // From the twin on: the duplicate names the older pod, which has no event in the window,
-    // and the page says so instead of breaking.
+    // and the page says so instead of breaking. A message on the pods stream that is no pod
+    // event is drawn as a gap the page names, not skipped in silence.
+    let garbage = publish_garbage(&nats.url()).await;
     let narrowed = out.path().join("narrowed.html");
     let since = (before_the_twin + 1).to_string();
     replay_html(&nats.url(), &since, &narrowed);
@@ -191,6 +193,23 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
         twins.contains("no event of this pod in the history"),
         "{twins}"
     );
+    assert!(
+        dom.contains(&format!(
+            "1 message(s) could not be read and are not drawn: pods #{garbage}."
+        )),
+        "{dom}"
+    );
+}
+
+/// Publishes bytes that are no `PodEvent` onto the pods stream; their stream sequence.
+async fn publish_garbage(url: &str) -> u64 {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    js.publish("podstream.pods.1.not-a-pod", vec![0xff_u8; 8].into())
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .sequence
 }
 
 /// The stream sequence of the last pod event so far.
