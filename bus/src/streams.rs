@@ -63,6 +63,9 @@ pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSetti
         Stream::PodEvents => "Airflow worker-pod events (podstream ingest)",
         Stream::Commands => "Task-state commands (podstream processor)",
         Stream::DeadLetters => "Items a podstream stage could not use, with the reason",
+        Stream::Spark => {
+            "Spark driver pods and SparkApplications of Airflow's Spark jobs (podstream ingest --spark)"
+        }
     };
     Wanted {
         config: stream::Config {

@@ -12,11 +12,11 @@ use podstream_ingest::watch_json::{WatchItem, read_json};
 use podstream_processor::spark::SparkJobs;
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::line::CommandLine;
-use podstream_proto::v1::PodRef;
+use podstream_proto::v1::{PodRef, SparkEvent};
 use tracing::{debug, info, warn};
 
 use crate::json_stream::{Frame, JsonFrames};
-use crate::spark_json::{SparkItem, spark_items};
+use crate::spark_json::spark_items;
 
 /// Arguments of `podstream decide`.
 #[derive(Debug, clap::Args)]
@@ -179,14 +179,13 @@ fn decide_workers(
 /// Decides one Spark object's event (or reports why it cannot be) as lines of `out`.
 fn decide_spark(
     jobs: &mut SparkJobs,
-    item: Result<SparkItem, (String, PodRef)>,
+    item: Result<SparkEvent, (String, PodRef)>,
     out: &mut impl Write,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
     summary.events += 1;
     let commands = match item {
-        Ok(SparkItem::Driver(event)) => jobs.driver(event).into_iter().collect(),
-        Ok(SparkItem::Application(event)) => jobs.application(event),
+        Ok(event) => jobs.take(&event),
         Err((error, pod)) => {
             warn!(pod = %pod, uid = %pod.uid, %error, "Spark driver pod cannot be read");
             return write_line(

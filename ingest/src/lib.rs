@@ -15,6 +15,8 @@
 //!   only when it cannot be (for its dead letter).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
+//! - [`spark_projection`]: a Spark driver pod or SparkApplication reduced to the
+//!   `SparkEvent` the choice of driver reads.
 
 pub mod checkpoint;
 pub mod known;
@@ -24,6 +26,7 @@ pub mod pod_json;
 pub mod projection;
 pub mod publisher;
 pub mod service;
+pub mod spark_projection;
 pub mod watch_json;
 pub mod watched_pod;
 

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use podstream_proto::PodEvent;
+use podstream_proto::subject::encode_key_token;
 use podstream_proto::v1::{Command, PodRef, TaskKey};
 use serde::{Deserialize, Serialize};
 
@@ -70,15 +71,15 @@ impl TaskRecord {
         };
         let mut key = format!(
             "ti.{}.{}.{}.{}.{}",
-            key_token(&task.dag_id),
-            key_token(&task.task_id),
-            key_token(run),
+            encode_key_token(&task.dag_id),
+            encode_key_token(&task.task_id),
+            encode_key_token(run),
             task.map_index,
             task.try_number
         );
         if !task.task_instance_id.is_empty() {
             key.push('.');
-            key.push_str(&key_token(&task.task_instance_id));
+            key.push_str(&encode_key_token(&task.task_instance_id));
         }
         key
     }
@@ -195,23 +196,6 @@ mod by_uid {
             .into_iter()
             .collect())
     }
-}
-
-/// Escapes a value into KV-key characters: letters, digits, `-` and `_` stay, every other
-/// byte becomes `=XX`; an empty value is `=`.
-fn key_token(value: &str) -> String {
-    if value.is_empty() {
-        return "=".to_owned();
-    }
-    let mut token = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
-            token.push(char::from(byte));
-        } else {
-            token.push_str(&format!("={byte:02X}"));
-        }
-    }
-    token
 }
 
 #[cfg(test)]

@@ -7,20 +7,29 @@
 //! phase `Failed` or `Unknown`, and takes the maximum of (not terminating, `Succeeded`,
 //! `Pending`, creation time, name); `max` keeps the first of equal keys.
 //!
-//! [`SparkJobs`] keeps what driver pod and SparkApplication events show and reports the choice
-//! as a `duplicate` whenever a task instance has several drivers and the choice changes.
+//! A [`JobRecord`] keeps what a job's driver pod events show and reports the choice as a
+//! `duplicate` whenever the job has several drivers and the choice changes; an
+//! [`ApplicationRecord`] keeps what its SparkApplication says. [`SparkJobs`] holds them in
+//! memory for `decide`; the processor's Spark consumer keeps them in KV.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use podstream_proto::subject::encode_key_token;
 use podstream_proto::v1::command::Kind;
-use podstream_proto::v1::{Command, Duplicate, DuplicateBasis, Phase, PodRef, TaskKey};
+use podstream_proto::v1::spark_event::Object;
+use podstream_proto::v1::{
+    Command, Duplicate, DuplicateBasis, EventType, Phase, PodRef, SparkApplication, SparkDriver,
+    SparkEvent, TaskKey,
+};
+use serde::{Deserialize, Serialize};
 
 use crate::command::TaskCommand;
+use crate::order::is_newer;
 
 /// The facts of one driver pod that the choice reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DriverPod {
     /// `metadata.name`.
     pub name: String,
@@ -91,179 +100,198 @@ fn provider_key(a: &DriverPod, b: &DriverPod) -> Ordering {
         .then_with(|| a.name.cmp(&b.name))
 }
 
-/// What one driver pod's event says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverEvent {
-    /// The pod.
-    pub pod: PodRef,
-    /// Its task instance, from its labels as the operator sets them (with its try).
-    pub task: TaskKey,
-    /// What the choice reads.
-    pub facts: DriverPod,
-    /// The SparkApplication that owns it, if it says.
-    pub application: Option<String>,
-    /// resourceVersion of the event.
-    pub resource_version: String,
-    /// The pod is gone (`DELETED`).
-    pub gone: bool,
-}
-
-/// What one SparkApplication's event says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApplicationEvent {
-    /// `metadata.namespace`.
+/// A Spark job: what `find_spark_job` lists for a task instance, whatever its try: the
+/// driver pods of one namespace with the same `dag_id`, `task_id`, `run_id` and `map_index`
+/// labels (Airflow's safe label values).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobKey {
+    /// The pods' namespace.
     pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// `metadata.creationTimestamp`, Unix milliseconds.
-    pub created_unix_ms: Option<i64>,
-    /// `status.driverInfo.podName`: the driver the Spark operator tracks.
-    pub driver: Option<String>,
-    /// resourceVersion of the event.
-    pub resource_version: String,
-    /// The application is gone (`DELETED`).
-    pub gone: bool,
+    /// The `dag_id` label.
+    pub dag_id: String,
+    /// The `task_id` label.
+    pub task_id: String,
+    /// The `run_id` label.
+    pub run_id: String,
+    /// The `map_index` label; -1 when the pods have none.
+    pub map_index: i64,
 }
 
-/// A task instance as `find_spark_job` lists its drivers: its labels without the try.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Job {
-    namespace: String,
-    dag_id: String,
-    task_id: String,
-    run_id: String,
-    map_index: i64,
-}
-
-impl Job {
-    fn of(pod: &PodRef, task: &TaskKey) -> Job {
-        Job {
-            namespace: pod.namespace.clone(),
-            dag_id: task.dag_id.clone(),
-            task_id: task.task_id.clone(),
-            run_id: task.run_id.clone(),
+impl JobKey {
+    /// The job a driver pod belongs to.
+    pub fn of(driver: &SparkDriver) -> JobKey {
+        let task = driver.task.clone().unwrap_or_default();
+        JobKey {
+            namespace: driver
+                .pod
+                .as_ref()
+                .map(|p| p.namespace.clone())
+                .unwrap_or_default(),
+            dag_id: task.dag_id,
+            task_id: task.task_id,
+            run_id: task.run_id,
             map_index: task.map_index,
         }
     }
+
+    /// Its key in the processor's Spark bucket, where `PodstreamSparkKubernetesOperator`
+    /// reads the choice: `job.<namespace>.<dag_id>.<task_id>.<run_id>.<map_index>`, each
+    /// value one key token (`podstream_proto::subject::encode_key_token`).
+    pub fn kv_key(&self) -> String {
+        format!(
+            "job.{}.{}.{}.{}.{}",
+            encode_key_token(&self.namespace),
+            encode_key_token(&self.dag_id),
+            encode_key_token(&self.task_id),
+            encode_key_token(&self.run_id),
+            self.map_index
+        )
+    }
 }
 
-#[derive(Debug, Clone)]
-struct Driver {
-    pod: PodRef,
-    task: TaskKey,
-    facts: DriverPod,
-    application: Option<String>,
+/// The key of a SparkApplication's record in the processor's Spark bucket:
+/// `application.<namespace>.<name>`.
+pub fn application_kv_key(namespace: &str, name: &str) -> String {
+    format!(
+        "application.{}.{}",
+        encode_key_token(namespace),
+        encode_key_token(name)
+    )
 }
 
-#[derive(Debug, Default)]
-struct Drivers {
-    /// In the order the API lists them (by name).
-    pods: Vec<Driver>,
-    /// The choice last reported: basis, chosen uid, the others' uids.
-    reported: Option<(DuplicateBasis, String, Vec<String>)>,
+/// One of a job's driver pods, as its last event showed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverRecord {
+    /// The pod.
+    pub pod: PodRef,
+    /// Its task labels, with its try.
+    pub task: TaskKey,
+    /// What the choice reads.
+    pub facts: DriverPod,
+    /// The SparkApplication that owns it; empty when none.
+    pub application: String,
+    /// resourceVersion of the event that showed it so.
+    pub resource_version: String,
 }
 
-#[derive(Debug, Clone)]
-struct Application {
-    created_unix_ms: Option<i64>,
-    driver: Option<String>,
+/// The driver that drives a job now, and why: what operators read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chosen {
+    /// The pod.
+    pub pod: PodRef,
+    /// `spark_application` or `spark_pod_facts` (as `decide`'s duplicate lines say).
+    pub basis: String,
+    /// The job's other driver pods.
+    pub others: Vec<PodRef>,
 }
 
-/// The driver pods and SparkApplications of Airflow-launched Spark jobs, as events show
-/// them; reports a `duplicate` whenever a task instance has several drivers and the choice
-/// among them changes. A job is forgotten with its last driver, an application when deleted.
-#[derive(Debug, Default)]
-pub struct SparkJobs {
-    jobs: HashMap<Job, Drivers>,
-    applications: HashMap<(String, String), Application>,
+/// What podstream keeps of a Spark job: in memory for `decide`, a KV record in the pipeline.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Its driver pods, by name (the order the API lists them in).
+    pub drivers: Vec<DriverRecord>,
+    /// The driver that drives the job now; `None` when no pod qualifies.
+    pub chosen: Option<Chosen>,
+    /// The duplicate last reported, so one choice is reported once.
+    #[serde(default)]
+    reported: Option<(i32, String, Vec<String>)>,
+    /// The commands of the last decision, published again when the same event comes back
+    /// (a redelivery after a crash between the record's write and the publish).
+    #[serde(default)]
+    pub outbox: Vec<Command>,
 }
 
-impl SparkJobs {
-    /// Applies a driver pod's event; the `duplicate` it makes, if the choice changed.
-    pub fn driver(&mut self, event: DriverEvent) -> Option<Command> {
-        let job = Job::of(&event.pod, &event.task);
-        let drivers = self.jobs.entry(job.clone()).or_default();
-        drivers.pods.retain(|d| d.pod.uid != event.pod.uid);
-        if event.gone {
-            if drivers.pods.is_empty() {
-                self.jobs.remove(&job);
-                return None;
-            }
-        } else {
-            let at = drivers
-                .pods
-                .partition_point(|d| d.pod.name < event.pod.name);
-            drivers.pods.insert(
-                at,
-                Driver {
-                    pod: event.pod,
-                    task: event.task,
-                    facts: event.facts,
-                    application: event.application,
-                },
-            );
+impl JobRecord {
+    /// Takes a driver pod's event: its facts replace the last ones, or it leaves the job
+    /// (`DELETED`). `false` when the event is not newer than what the record holds of that
+    /// pod (a redelivery, a replay): it changes nothing.
+    pub fn take_driver(&mut self, event: &SparkEvent, driver: &SparkDriver) -> bool {
+        let pod = driver.pod.clone().unwrap_or_default();
+        let known = self.drivers.iter().position(|d| d.pod.uid == pod.uid);
+        if let Some(at) = known
+            && !is_newer(&event.resource_version, &self.drivers[at].resource_version)
+        {
+            return false;
         }
-        self.report(&job, &event.resource_version)
+        if let Some(at) = known {
+            self.drivers.remove(at);
+        }
+        if event.r#type() == EventType::Deleted {
+            return known.is_some();
+        }
+        let at = self.drivers.partition_point(|d| d.pod.name < pod.name);
+        self.drivers.insert(
+            at,
+            DriverRecord {
+                facts: DriverPod {
+                    name: pod.name.clone(),
+                    phase: driver.phase(),
+                    terminating: driver.terminating,
+                    created_unix_ms: driver.creation_unix_ms,
+                    checked: driver.checked,
+                },
+                task: driver.task.clone().unwrap_or_default(),
+                application: driver.application.clone(),
+                resource_version: event.resource_version.clone(),
+                pod,
+            },
+        );
+        true
     }
 
-    /// Applies a SparkApplication's event; the `duplicate`s it makes for the jobs whose
-    /// drivers it owns.
-    pub fn application(&mut self, event: ApplicationEvent) -> Vec<Command> {
-        let key = (event.namespace.clone(), event.name.clone());
-        if event.gone {
-            self.applications.remove(&key);
-        } else {
-            self.applications.insert(
-                key,
-                Application {
-                    created_unix_ms: event.created_unix_ms,
-                    driver: event.driver,
-                },
-            );
-        }
-        let owned: Vec<Job> = self
-            .jobs
+    /// The SparkApplications its drivers name, each once.
+    pub fn applications(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .drivers
             .iter()
-            .filter(|(job, drivers)| {
-                job.namespace == event.namespace
-                    && drivers
-                        .pods
-                        .iter()
-                        .any(|d| d.application.as_deref() == Some(event.name.as_str()))
-            })
-            .map(|(job, _)| job.clone())
+            .map(|d| d.application.as_str())
+            .filter(|name| !name.is_empty())
             .collect();
-        owned
-            .iter()
-            .filter_map(|job| self.report(job, &event.resource_version))
-            .collect()
+        names.sort_unstable();
+        names.dedup();
+        names
     }
 
-    /// The job's `duplicate` when it has several drivers and the choice is new.
-    fn report(&mut self, job: &Job, resource_version: &str) -> Option<Command> {
-        let named = self.named_driver(job);
-        let drivers = self.jobs.get_mut(job)?;
-        if drivers.pods.len() < 2 {
-            drivers.reported = None;
-            return None;
-        }
-        let facts: Vec<DriverPod> = drivers.pods.iter().map(|d| d.facts.clone()).collect();
-        let choice = choose_driver(named.as_deref(), &facts)?;
-        let chosen = &drivers.pods[choice.chosen];
-        let others: Vec<&Driver> = drivers
-            .pods
+    /// Decides the choice anew at an event of `resource_version`, given what is known of the
+    /// applications its drivers name: `chosen` follows, and `outbox` holds the duplicate to
+    /// report when there are several drivers and the choice changed (nothing otherwise).
+    pub fn decide<'a>(
+        &mut self,
+        applications: impl Fn(&str) -> Option<&'a ApplicationRecord>,
+        resource_version: &str,
+    ) {
+        self.outbox.clear();
+        let facts: Vec<DriverPod> = self.drivers.iter().map(|d| d.facts.clone()).collect();
+        let named = self.named_driver(applications);
+        let Some(choice) = choose_driver(named.as_deref(), &facts) else {
+            self.chosen = None;
+            self.reported = None;
+            return;
+        };
+        let chosen = &self.drivers[choice.chosen];
+        let others: Vec<PodRef> = self
+            .drivers
             .iter()
             .filter(|d| d.pod.uid != chosen.pod.uid)
+            .map(|d| d.pod.clone())
             .collect();
-        let signature = (
-            choice.basis,
-            chosen.pod.uid.clone(),
-            others.iter().map(|d| d.pod.uid.clone()).collect(),
-        );
-        if drivers.reported.as_ref() == Some(&signature) {
-            return None;
+        self.chosen = Some(Chosen {
+            pod: chosen.pod.clone(),
+            basis: basis_name(choice.basis).to_owned(),
+            others: others.clone(),
+        });
+        if others.is_empty() {
+            self.reported = None;
+            return;
         }
-        // A driver has no `airflow-worker` label: no owner.
+        let signature = (
+            choice.basis as i32,
+            chosen.pod.uid.clone(),
+            others.iter().map(|p| p.uid.clone()).collect(),
+        );
+        if self.reported.as_ref() == Some(&signature) {
+            return;
+        }
         let command = TaskCommand {
             task: &chosen.task,
             pod: Cow::Borrowed(&chosen.pod),
@@ -271,36 +299,201 @@ impl SparkJobs {
             resource_version: Cow::Borrowed(resource_version),
             kind: Kind::Duplicate(Duplicate {
                 chosen: Some(chosen.pod.clone()),
-                others: others.iter().map(|d| d.pod.clone()).collect(),
+                others,
                 basis: choice.basis as i32,
             }),
         }
         .into_command();
-        drivers.reported = Some(signature);
-        Some(command)
+        self.reported = Some(signature);
+        self.outbox.push(command);
     }
 
-    /// The driver the job's newest application names, among those that name one of its
-    /// drivers (a retried job may have left an older application behind).
-    fn named_driver(&self, job: &Job) -> Option<String> {
-        let drivers = self.jobs.get(job)?;
-        drivers
-            .pods
-            .iter()
-            .filter_map(|d| d.application.as_ref())
+    /// The driver the newest of its applications names, when that pod is one of its drivers.
+    fn named_driver<'a>(
+        &self,
+        applications: impl Fn(&str) -> Option<&'a ApplicationRecord>,
+    ) -> Option<String> {
+        self.applications()
+            .into_iter()
             .filter_map(|name| {
-                let application = self
-                    .applications
-                    .get(&(job.namespace.clone(), name.clone()))?;
-                let driver = application.driver.as_ref()?;
-                drivers
-                    .pods
+                let application = applications(name)?;
+                let driver = application.driver.as_str();
+                self.drivers
                     .iter()
-                    .any(|d| &d.pod.name == driver)
+                    .any(|d| d.pod.name == driver)
                     .then_some((application.created_unix_ms, name, driver))
             })
             .max()
-            .map(|(_, _, driver)| driver.clone())
+            .map(|(_, _, driver)| driver.to_owned())
+    }
+}
+
+/// The name a duplicate line gives a basis.
+fn basis_name(basis: DuplicateBasis) -> &'static str {
+    match basis {
+        DuplicateBasis::SparkApplication => "spark_application",
+        DuplicateBasis::SparkPodFacts => "spark_pod_facts",
+        DuplicateBasis::PodOrder => "pod_order",
+    }
+}
+
+/// What podstream keeps of a SparkApplication: what it says, and the jobs whose drivers name
+/// it (so its next event finds them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplicationRecord {
+    /// `metadata.creationTimestamp`, Unix milliseconds.
+    pub created_unix_ms: Option<i64>,
+    /// `status.driverInfo.podName`; empty when unset.
+    pub driver: String,
+    /// resourceVersion of its last event; empty while only its drivers named it.
+    pub resource_version: String,
+    /// The jobs whose drivers name it.
+    pub jobs: Vec<JobKey>,
+}
+
+impl ApplicationRecord {
+    /// Takes the application's event (not `DELETED`, which removes the record); `false` when
+    /// it is not newer than the last one taken.
+    pub fn take(&mut self, event: &SparkEvent, application: &SparkApplication) -> bool {
+        if !self.resource_version.is_empty()
+            && !is_newer(&event.resource_version, &self.resource_version)
+        {
+            return false;
+        }
+        self.created_unix_ms = application.creation_unix_ms;
+        self.driver = application.driver.clone();
+        self.resource_version = event.resource_version.clone();
+        true
+    }
+
+    /// Notes that `job`'s drivers name it; `false` when it knew.
+    pub fn named_by(&mut self, job: &JobKey) -> bool {
+        match self.jobs.binary_search(job) {
+            Ok(_) => false,
+            Err(at) => {
+                self.jobs.insert(at, job.clone());
+                true
+            }
+        }
+    }
+
+    /// Forgets `job`; whether the record is now of no use (never seen itself, named by none).
+    pub fn forget(&mut self, job: &JobKey) -> bool {
+        self.jobs.retain(|j| j != job);
+        self.jobs.is_empty() && self.resource_version.is_empty()
+    }
+}
+
+/// The namespace and name of a SparkApplication event's object.
+pub fn application_name(application: &SparkApplication) -> (String, String) {
+    application
+        .application
+        .as_ref()
+        .map(|a| (a.namespace.clone(), a.name.clone()))
+        .unwrap_or_default()
+}
+
+/// Every Spark job and application in memory, decided event by event: `decide`'s state, and
+/// the reference for the processor's KV-backed one (the same record methods, in the same
+/// order). A job is forgotten with its last driver, an application when it is deleted.
+#[derive(Debug, Default)]
+pub struct SparkJobs {
+    jobs: HashMap<JobKey, JobRecord>,
+    applications: HashMap<(String, String), ApplicationRecord>,
+}
+
+impl SparkJobs {
+    /// Takes one Spark event; the duplicates it makes to report.
+    pub fn take(&mut self, event: &SparkEvent) -> Vec<Command> {
+        match &event.object {
+            Some(Object::Driver(driver)) => self.driver(event, driver),
+            Some(Object::Application(application)) => self.application(event, application),
+            None => Vec::new(),
+        }
+    }
+
+    /// What the job of a driver pod has chosen, for tests and readers.
+    pub fn chosen(&self, job: &JobKey) -> Option<&Chosen> {
+        self.jobs.get(job)?.chosen.as_ref()
+    }
+
+    fn driver(&mut self, event: &SparkEvent, driver: &SparkDriver) -> Vec<Command> {
+        let key = JobKey::of(driver);
+        let job = self.jobs.entry(key.clone()).or_default();
+        let before = job
+            .applications()
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>();
+        if !job.take_driver(event, driver) {
+            if job.drivers.is_empty() {
+                self.jobs.remove(&key);
+            }
+            return Vec::new();
+        }
+        let now: Vec<String> = job.applications().iter().map(|a| a.to_string()).collect();
+        for name in &now {
+            self.applications
+                .entry((key.namespace.clone(), name.clone()))
+                .or_default()
+                .named_by(&key);
+        }
+        for name in before.iter().filter(|name| !now.contains(name)) {
+            self.forget_job_of(&key, name);
+        }
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return Vec::new();
+        };
+        let applications = &self.applications;
+        job.decide(
+            |name| applications.get(&(key.namespace.clone(), name.to_owned())),
+            &event.resource_version,
+        );
+        let commands = std::mem::take(&mut job.outbox);
+        if job.drivers.is_empty() {
+            self.jobs.remove(&key);
+        }
+        commands
+    }
+
+    fn forget_job_of(&mut self, job: &JobKey, application: &str) {
+        let key = (job.namespace.clone(), application.to_owned());
+        if self
+            .applications
+            .get_mut(&key)
+            .is_some_and(|record| record.forget(job))
+        {
+            self.applications.remove(&key);
+        }
+    }
+
+    fn application(&mut self, event: &SparkEvent, application: &SparkApplication) -> Vec<Command> {
+        let key = application_name(application);
+        let jobs = if event.r#type() == EventType::Deleted {
+            match self.applications.remove(&key) {
+                Some(record) => record.jobs,
+                None => return Vec::new(),
+            }
+        } else {
+            let record = self.applications.entry(key.clone()).or_default();
+            if !record.take(event, application) {
+                return Vec::new();
+            }
+            record.jobs.clone()
+        };
+        let mut commands = Vec::new();
+        for job_key in jobs {
+            let Some(job) = self.jobs.get_mut(&job_key) else {
+                continue;
+            };
+            let applications = &self.applications;
+            job.decide(
+                |name| applications.get(&(job_key.namespace.clone(), name.to_owned())),
+                &event.resource_version,
+            );
+            commands.append(&mut job.outbox);
+        }
+        commands
     }
 }
 
@@ -405,47 +598,80 @@ mod tests {
 
     mod jobs {
         use podstream_proto::v1::command::Kind;
-        use podstream_proto::v1::{Command, DuplicateBasis, Phase, PodRef, TaskKey};
+        use podstream_proto::v1::spark_event::Object;
+        use podstream_proto::v1::{
+            Command, DuplicateBasis, EventType, Phase, PodRef, SparkApplication, SparkDriver,
+            SparkEvent, TaskKey,
+        };
 
-        use super::super::{ApplicationEvent, DriverEvent, DriverPod, SparkJobs};
+        use super::super::{JobKey, SparkJobs};
 
-        fn driver(name: &str, phase: Phase, created: i64, rv: &str) -> DriverEvent {
-            DriverEvent {
-                pod: PodRef {
+        fn event(kind: EventType, rv: &str, object: Object) -> SparkEvent {
+            SparkEvent {
+                r#type: kind as i32,
+                resource_version: rv.into(),
+                synthesized: false,
+                object: Some(object),
+            }
+        }
+
+        fn driver_of(name: &str, phase: Phase, created: i64) -> SparkDriver {
+            SparkDriver {
+                pod: Some(PodRef {
                     namespace: "airflow".into(),
                     name: name.into(),
                     uid: format!("uid-{name}"),
-                },
-                task: TaskKey {
+                }),
+                task: Some(TaskKey {
                     dag_id: "etl".into(),
                     task_id: "crunch".into(),
                     run_id: "r1".into(),
                     map_index: -1,
                     try_number: 1,
                     ..TaskKey::default()
-                },
-                facts: DriverPod {
-                    name: name.into(),
-                    phase,
-                    terminating: false,
-                    created_unix_ms: Some(created),
-                    checked: false,
-                },
-                application: Some("crunch-app".into()),
-                resource_version: rv.into(),
-                gone: false,
+                }),
+                phase: phase as i32,
+                terminating: false,
+                creation_unix_ms: Some(created),
+                checked: false,
+                application: "crunch-app".into(),
             }
         }
 
-        fn application(driver: Option<&str>, rv: &str) -> ApplicationEvent {
-            ApplicationEvent {
-                namespace: "airflow".into(),
-                name: "crunch-app".into(),
-                created_unix_ms: Some(1),
-                driver: driver.map(str::to_owned),
-                resource_version: rv.into(),
-                gone: false,
-            }
+        fn driver(name: &str, phase: Phase, created: i64, rv: &str) -> SparkEvent {
+            event(
+                EventType::Modified,
+                rv,
+                Object::Driver(driver_of(name, phase, created)),
+            )
+        }
+
+        fn gone(name: &str, rv: &str) -> SparkEvent {
+            event(
+                EventType::Deleted,
+                rv,
+                Object::Driver(driver_of(name, Phase::Running, 1)),
+            )
+        }
+
+        fn application(driver: Option<&str>, rv: &str) -> SparkEvent {
+            event(
+                EventType::Modified,
+                rv,
+                Object::Application(SparkApplication {
+                    application: Some(PodRef {
+                        namespace: "airflow".into(),
+                        name: "crunch-app".into(),
+                        uid: "app-uid".into(),
+                    }),
+                    creation_unix_ms: Some(1),
+                    driver: driver.unwrap_or_default().into(),
+                }),
+            )
+        }
+
+        fn job() -> JobKey {
+            JobKey::of(&driver_of("any", Phase::Running, 1))
         }
 
         /// (chosen, others, basis) of a duplicate.
@@ -467,25 +693,78 @@ mod tests {
         #[test]
         fn the_application_names_the_driver_and_a_vanished_name_falls_back_to_facts() {
             let mut jobs = SparkJobs::default();
-            assert_eq!(jobs.driver(driver("old", Phase::Running, 1, "10")), None);
-            assert!(jobs.application(application(Some("old"), "11")).is_empty());
+            assert!(
+                jobs.take(&driver("old", Phase::Running, 1, "10"))
+                    .is_empty()
+            );
+            assert!(jobs.take(&application(Some("old"), "11")).is_empty());
             // A newer pending driver would win on facts; the application says otherwise.
-            let named = jobs.driver(driver("new", Phase::Pending, 2, "12")).unwrap();
+            let named = jobs.take(&driver("new", Phase::Pending, 2, "12"));
             assert_eq!(
-                said(&named),
-                (
+                named.iter().map(said).collect::<Vec<_>>(),
+                vec![(
                     "old".into(),
                     vec!["new".into()],
                     DuplicateBasis::SparkApplication
-                )
+                )]
             );
-            assert_eq!(named.id, "uid-old:12:duplicate");
-            // The same choice again is not reported twice.
-            assert_eq!(jobs.driver(driver("new", Phase::Pending, 2, "13")), None);
+            assert_eq!(named[0].id, "uid-old:12:duplicate");
+            let chosen = jobs.chosen(&job()).unwrap();
+            assert_eq!(
+                (chosen.pod.name.as_str(), chosen.basis.as_str()),
+                ("old", "spark_application")
+            );
+            // The same choice again is not reported twice; a redelivery changes nothing.
+            assert!(
+                jobs.take(&driver("new", Phase::Pending, 2, "13"))
+                    .is_empty()
+            );
+            assert!(
+                jobs.take(&driver("new", Phase::Pending, 2, "12"))
+                    .is_empty()
+            );
             // The application points at a pod that no longer exists: the provider's order.
-            let fallback = jobs.application(application(Some("gone"), "14"));
+            let fallback = jobs.take(&application(Some("gone"), "14"));
             assert_eq!(
                 fallback.iter().map(said).collect::<Vec<_>>(),
+                vec![(
+                    "new".into(),
+                    vec!["old".into()],
+                    DuplicateBasis::SparkPodFacts
+                )]
+            );
+            // An older application event, redelivered, changes nothing.
+            assert!(jobs.take(&application(Some("old"), "11")).is_empty());
+            assert_eq!(jobs.chosen(&job()).unwrap().pod.name, "new");
+        }
+
+        #[test]
+        fn one_driver_is_no_duplicate_and_a_job_is_forgotten_with_its_last_driver() {
+            let mut jobs = SparkJobs::default();
+            assert!(jobs.take(&driver("a", Phase::Running, 1, "1")).is_empty());
+            assert_eq!(jobs.chosen(&job()).unwrap().pod.name, "a");
+            assert_eq!(jobs.take(&driver("b", Phase::Running, 2, "2")).len(), 1);
+            assert!(jobs.take(&gone("b", "3")).is_empty());
+            assert!(jobs.take(&gone("a", "4")).is_empty());
+            assert!(jobs.jobs.is_empty());
+            assert!(jobs.applications.is_empty(), "{:?}", jobs.applications);
+            // A delete of a pod never seen leaves nothing behind.
+            assert!(jobs.take(&gone("c", "5")).is_empty());
+            assert!(jobs.jobs.is_empty());
+        }
+
+        #[test]
+        fn a_deleted_application_leaves_the_choice_to_the_facts() {
+            let mut jobs = SparkJobs::default();
+            jobs.take(&application(Some("old"), "1"));
+            jobs.take(&driver("old", Phase::Running, 1, "2"));
+            jobs.take(&driver("new", Phase::Pending, 2, "3"));
+            assert_eq!(jobs.chosen(&job()).unwrap().pod.name, "old");
+            let mut deleted = application(Some("old"), "4");
+            deleted.r#type = EventType::Deleted as i32;
+            let commands = jobs.take(&deleted);
+            assert_eq!(
+                commands.iter().map(said).collect::<Vec<_>>(),
                 vec![(
                     "new".into(),
                     vec!["old".into()],
@@ -495,17 +774,17 @@ mod tests {
         }
 
         #[test]
-        fn one_driver_is_no_duplicate_and_a_job_is_forgotten_with_its_last_driver() {
-            let mut jobs = SparkJobs::default();
-            assert_eq!(jobs.driver(driver("a", Phase::Running, 1, "1")), None);
-            assert!(jobs.driver(driver("b", Phase::Running, 2, "2")).is_some());
-            let mut gone = driver("b", Phase::Running, 2, "3");
-            gone.gone = true;
-            assert_eq!(jobs.driver(gone), None);
-            let mut last = driver("a", Phase::Running, 1, "4");
-            last.gone = true;
-            assert_eq!(jobs.driver(last), None);
-            assert!(jobs.jobs.is_empty());
+        fn keys_are_subject_tokens() {
+            let mut key = job();
+            key.run_id = "manual__2026-11-30T10:00:00+00:00".into();
+            assert_eq!(
+                key.kv_key(),
+                "job.airflow.etl.crunch.manual__2026-11-30T10=3A00=3A00=2B00=3A00.-1"
+            );
+            assert_eq!(
+                super::super::application_kv_key("airflow", "crunch.app"),
+                "application.airflow.crunch=2Eapp"
+            );
         }
     }
 }

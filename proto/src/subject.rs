@@ -79,6 +79,25 @@ pub fn encode_token(value: &str) -> String {
     token
 }
 
+/// Encodes any string as one token of a KV key (whose characters are fewer than a
+/// subject's: no `~`): letters, digits, `-` and `_` stay, every other byte becomes `=XX`; the
+/// empty string is `=`.
+pub fn encode_key_token(value: &str) -> String {
+    if value.is_empty() {
+        return "=".to_owned();
+    }
+    let mut token = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if is_plain(byte) {
+            token.push(char::from(byte));
+        } else {
+            token.push('=');
+            token.push_str(&format!("{byte:02X}"));
+        }
+    }
+    token
+}
+
 /// Decodes a token made by [`encode_token`].
 pub fn decode_token(token: &str) -> Result<String, TokenError> {
     if token == "~" {
@@ -161,6 +180,8 @@ pub enum Stream {
     Commands,
     /// Dead letters: `<prefix>.dead.>`.
     DeadLetters,
+    /// Spark driver pods and SparkApplications (`ingest --spark`): `<prefix>.spark.>`.
+    Spark,
 }
 
 impl Stream {
@@ -170,6 +191,26 @@ impl Stream {
             Stream::PodEvents => "pods",
             Stream::Commands => "commands",
             Stream::DeadLetters => "dead",
+            Stream::Spark => "spark",
+        }
+    }
+}
+
+/// The kinds of Spark object on the Spark stream, one subject token each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparkKind {
+    /// Driver pods: `<prefix>.spark.drivers.<namespace>.<uid>`.
+    Driver,
+    /// SparkApplications: `<prefix>.spark.applications.<namespace>.<uid>`.
+    Application,
+}
+
+impl SparkKind {
+    /// The subject token after `spark`.
+    pub fn token(self) -> &'static str {
+        match self {
+            SparkKind::Driver => "drivers",
+            SparkKind::Application => "applications",
         }
     }
 }
@@ -278,6 +319,18 @@ impl Subjects {
         }
     }
 
+    /// `<prefix>.spark.<drivers|applications>.<namespace>.<uid>`: one Spark object's events.
+    pub fn spark(&self, kind: SparkKind, namespace: &str, uid: &str) -> String {
+        format!(
+            "{}.{}.{}.{}.{}",
+            self.prefix,
+            Stream::Spark.token(),
+            kind.token(),
+            encode_token(namespace),
+            encode_token(uid)
+        )
+    }
+
     /// `<prefix>.dead.<stage>`: what a stage could not handle, with its reason.
     pub fn dead_letters(&self, stage: Stage) -> String {
         format!(
@@ -314,9 +367,14 @@ impl Subjects {
     pub fn stream_of(&self, subject: &str) -> Option<Stream> {
         let rest = subject.strip_prefix(&self.prefix)?.strip_prefix('.')?;
         let token = rest.split('.').next()?;
-        [Stream::PodEvents, Stream::Commands, Stream::DeadLetters]
-            .into_iter()
-            .find(|stream| stream.token() == token)
+        [
+            Stream::PodEvents,
+            Stream::Commands,
+            Stream::DeadLetters,
+            Stream::Spark,
+        ]
+        .into_iter()
+        .find(|stream| stream.token() == token)
     }
 
     /// Splits a pod-event or command subject into (owner, uid), decoded.
@@ -378,6 +436,19 @@ mod tests {
     }
 
     #[test]
+    fn key_tokens_use_only_kv_key_characters() {
+        for (value, token) in [
+            ("etl", "etl"),
+            ("", "="),
+            ("a.b", "a=2Eb"),
+            ("r~1", "r=7E1"),
+            ("t:00+00", "t=3A00=2B00"),
+        ] {
+            assert_eq!(encode_key_token(value), token, "{value:?}");
+        }
+    }
+
+    #[test]
     fn decoding_rejects_what_encoding_never_makes() {
         assert!(matches!(
             decode_token("a.b"),
@@ -414,6 +485,19 @@ mod tests {
         assert_eq!(s.parse("other.pods.1.u"), None);
         assert_eq!(s.parse("podstream.pods.1.u.extra"), None);
         assert_eq!(s.pod_events_of_any_owner("u.1"), "podstream.pods.*.u~2E1");
+        assert_eq!(
+            s.spark(SparkKind::Driver, "team.a", "u-1"),
+            "podstream.spark.drivers.team~2Ea.u-1"
+        );
+        assert_eq!(
+            s.spark(SparkKind::Application, "airflow", "u-2"),
+            "podstream.spark.applications.airflow.u-2"
+        );
+        assert_eq!(
+            s.stream_of("podstream.spark.drivers.airflow.u-1"),
+            Some(Stream::Spark)
+        );
+        assert_eq!(s.parse("podstream.spark.drivers.airflow.u-1"), None);
     }
 
     #[test]
@@ -434,6 +518,11 @@ mod tests {
                 Stream::DeadLetters,
                 "ACME_PODSTREAM_DEAD",
                 "acme.podstream.dead.>",
+            ),
+            (
+                Stream::Spark,
+                "ACME_PODSTREAM_SPARK",
+                "acme.podstream.spark.>",
             ),
         ];
         for (stream, name, subjects) in table {
