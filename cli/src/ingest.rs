@@ -45,6 +45,8 @@ pub struct IngestArgs {
     pub checkpoint_interval_ms: u64,
     #[command(flatten)]
     pub shutdown: crate::signal::ShutdownArgs,
+    #[command(flatten)]
+    pub spark: crate::spark_args::SparkArgs,
 }
 
 impl IngestArgs {
@@ -60,6 +62,7 @@ impl IngestArgs {
             checkpoint_bucket: self.checkpoint_bucket.clone(),
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
             lease: self.lease.lease(),
+            spark: self.spark.spark,
             health: podstream_bus::Health::new(),
         }
     }

@@ -20,6 +20,7 @@ mod run;
 mod signal;
 mod sim;
 mod sink;
+mod spark_args;
 mod spark_json;
 mod stream_args;
 mod tail;

@@ -60,6 +60,10 @@ pub struct ProcessArgs {
     pub cached_records: usize,
     #[command(flatten)]
     pub rules: RulesArgs,
+    #[command(flatten)]
+    pub spark: crate::spark_args::SparkArgs,
+    #[command(flatten)]
+    pub spark_bucket: crate::spark_args::SparkBucketArgs,
 }
 
 impl ProcessArgs {
@@ -83,6 +87,7 @@ impl ProcessArgs {
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             ack_wait: self.ack_wait.ack_wait(),
             cached_records: self.cached_records,
+            spark_bucket: self.spark_bucket.bucket(&self.spark),
             health: podstream_bus::Health::new(),
         }
     }

@@ -55,6 +55,10 @@ pub struct RunArgs {
     pub ack_wait: AckWaitArgs,
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
+    #[command(flatten)]
+    pub spark: crate::spark_args::SparkArgs,
+    #[command(flatten)]
+    pub spark_bucket: crate::spark_args::SparkBucketArgs,
 }
 
 impl RunArgs {
@@ -65,11 +69,13 @@ impl RunArgs {
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),
                 lease: self.lease.lease(),
+                spark: self.spark.spark,
                 ..IngestConfig::default()
             },
             process: ProcessConfig {
                 rules: self.rules.rules(),
                 ack_wait: self.ack_wait.ack_wait(),
+                spark_bucket: self.spark_bucket.bucket(&self.spark),
                 ..ProcessConfig::default()
             },
             sink: SinkConfig {

@@ -12,6 +12,9 @@
 //! (everything published since the last write is published again after a crash, and only the
 //! window makes that harmless) but not far under a second.
 //!
+//! With `--spark`, the last events of the Spark objects (driver pods and SparkApplications)
+//! share one more key, `spark`, written the same way.
+//!
 //! Every write is a compare-and-set on the key's KV revision, and every batch starts by
 //! setting the `leader` key (the writer's term and identity) at the revision this writer last
 //! left it. An ingest that claimed the checkpoint after this one makes the next batch fail,
@@ -26,16 +29,20 @@ use async_nats::jetstream::{self, kv};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use podstream_proto::PodEvent;
-use podstream_proto::v1::EventType;
+use podstream_proto::v1::{EventType, SparkEvent};
 use prost::Message as _;
 
 use crate::known::{FastHash, Outgoing, Role, uid};
 use crate::leadership::{Deposed, Fence};
+use crate::spark::SparkOutgoing;
 
 /// Key holding the last published resourceVersion.
 const RESUME_KEY: &str = "resume";
 /// Key holding the term and identity of the ingest that writes the checkpoint.
 const LEADER_KEY: &str = "leader";
+/// Key holding the last published event of every Spark object (`--spark`), in one value:
+/// Spark objects are few.
+const SPARK_KEY: &str = "spark";
 /// The KV revision of a key that does not exist: a compare-and-set expecting no value.
 const ABSENT: u64 = 0;
 /// Prefix of shard keys: `pods.<shard>`, four digits.
@@ -110,6 +117,8 @@ pub struct Restored {
     pub pods: Vec<PodEvent>,
     /// The newest resourceVersion published, if any.
     pub resume: Option<u64>,
+    /// The last published event of every live Spark object.
+    pub spark: Vec<SparkEvent>,
 }
 
 /// The checkpoint bucket: the acked state by shard, and which shards changed since the last
@@ -126,6 +135,9 @@ pub struct Checkpoint {
     stale: Vec<String>,
     resume: Option<u64>,
     resume_dirty: bool,
+    /// Spark objects' uid → last acked event, encoded.
+    spark: HashMap<String, Bytes, FastHash>,
+    spark_dirty: bool,
     /// The KV revision of each shard key, and of the resume key, as this writer left them.
     revisions: Revisions,
     /// The `leader` key's value for this writer, once it claimed the checkpoint.
@@ -142,6 +154,7 @@ struct Revisions {
     shards: Vec<u64>,
     resume: u64,
     leader: u64,
+    spark: u64,
 }
 
 impl Default for Revisions {
@@ -150,6 +163,7 @@ impl Default for Revisions {
             shards: vec![ABSENT; SHARDS],
             resume: ABSENT,
             leader: ABSENT,
+            spark: ABSENT,
         }
     }
 }
@@ -160,6 +174,7 @@ struct Written {
     shards: Vec<(usize, u64)>,
     resume: Option<u64>,
     leader: Option<u64>,
+    spark: Option<u64>,
 }
 
 /// A write that failed: the error, and what it was to write, to be written again.
@@ -168,6 +183,7 @@ struct WriteFailed {
     shards: Vec<usize>,
     stale: Vec<String>,
     resume: bool,
+    spark: bool,
 }
 
 /// One write: shards to put (an empty value for a shard left without pods), stale keys to
@@ -180,6 +196,8 @@ struct Write {
     shards: Vec<(usize, Vec<Bytes>, u64)>,
     stale: Vec<String>,
     resume: Option<(u64, u64)>,
+    /// The Spark objects' events and the expected revision of their key.
+    spark: Option<(Vec<Bytes>, u64)>,
     /// The `leader` value and its expected revision: set first, proving the claim holds.
     claim: Option<(Bytes, u64)>,
     fence: Fence,
@@ -187,7 +205,10 @@ struct Write {
 
 impl Write {
     fn is_empty(&self) -> bool {
-        self.shards.is_empty() && self.stale.is_empty() && self.resume.is_none()
+        self.shards.is_empty()
+            && self.stale.is_empty()
+            && self.resume.is_none()
+            && self.spark.is_none()
     }
 }
 
@@ -222,6 +243,8 @@ impl Checkpoint {
             stale: Vec::new(),
             resume: None,
             resume_dirty: false,
+            spark: HashMap::default(),
+            spark_dirty: false,
             revisions: Revisions::default(),
             claim: None,
             fence,
@@ -302,6 +325,11 @@ impl Checkpoint {
                 restored.resume = std::str::from_utf8(&entry.value)
                     .ok()
                     .and_then(|v| v.parse().ok());
+            } else if entry.key == SPARK_KEY {
+                self.revisions.spark = entry.revision;
+                if live {
+                    self.load_spark(&entry.value, &mut restored);
+                }
             } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX) {
                 match shard.parse::<usize>() {
                     Ok(index) if index < SHARDS => self.revisions.shards[index] = entry.revision,
@@ -332,6 +360,40 @@ impl Checkpoint {
         }
         self.resume = restored.resume;
         Ok(restored)
+    }
+
+    /// The Spark objects' events of the `spark` key; unreadable ones count as unknown.
+    fn load_spark(&mut self, value: &[u8], restored: &mut Restored) {
+        let events = match decode_shard(value) {
+            Ok(events) => events,
+            Err(error) => {
+                tracing::warn!(%error, "checkpoint's Spark objects unreadable; they count as unknown");
+                return;
+            }
+        };
+        for encoded in events {
+            match SparkEvent::decode(encoded.as_ref()) {
+                Ok(event) => {
+                    self.spark
+                        .insert(crate::spark::identity(&event).2.to_owned(), encoded);
+                    restored.spark.push(event);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "checkpoint entry unreadable; its Spark object counts as unknown")
+                }
+            }
+        }
+    }
+
+    /// Notes an acked Spark object's event: its last event, or its end.
+    pub fn record_spark(&mut self, message: &SparkOutgoing) {
+        let uid = message.uid();
+        if message.event.r#type() == EventType::Deleted {
+            self.spark.remove(uid);
+        } else {
+            self.spark.insert(uid.to_owned(), message.payload.clone());
+        }
+        self.spark_dirty = true;
     }
 
     fn mark(&mut self, shard: usize) {
@@ -394,12 +456,16 @@ impl Checkpoint {
         if let Some(revision) = written.leader {
             self.revisions.leader = revision;
         }
+        if let Some(revision) = written.spark {
+            self.revisions.spark = revision;
+        }
         let Err(failed) = done else { return Ok(()) };
         for shard in failed.shards {
             self.mark(shard);
         }
         self.stale.extend(failed.stale);
         self.resume_dirty |= failed.resume;
+        self.spark_dirty |= failed.spark;
         Err(failed.error)
     }
 
@@ -454,8 +520,11 @@ impl Checkpoint {
             _ => None,
         };
         self.resume_dirty = false;
+        let spark = std::mem::take(&mut self.spark_dirty)
+            .then(|| (self.spark.values().cloned().collect(), self.revisions.spark));
         Write {
             shards,
+            spark,
             // Purged after the shards that replace them are written.
             stale: std::mem::take(&mut self.stale),
             resume,
@@ -580,6 +649,8 @@ impl Refusals {
                             written.leader = Some(revision);
                         } else if key == RESUME_KEY {
                             written.resume = Some(revision);
+                        } else if key == SPARK_KEY {
+                            written.spark = Some(revision);
                         } else if let Some(shard) = key
                             .strip_prefix(SHARD_PREFIX)
                             .and_then(|s| s.parse::<usize>().ok())
@@ -605,6 +676,7 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
         shards,
         stale,
         resume,
+        spark,
         claim,
         fence,
     } = write;
@@ -614,6 +686,7 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
         shards: all_shards.clone(),
         stale,
         resume: resume.is_some(),
+        spark: spark.is_some(),
     };
     let mut written = Written::default();
     if let Err(deposed) = fence.check() {
@@ -643,6 +716,12 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
             match result {
                 Ok(revision) => written.shards.push((shard, revision)),
                 Err(refused) => refusals.note(shard_key(shard), refused),
+            }
+        }
+        if let Some((events, revision)) = &spark {
+            match compare_and_set(kv, SPARK_KEY, encode_shard(events), *revision).await {
+                Ok(revision) => written.spark = Some(revision),
+                Err(refused) => refusals.note(SPARK_KEY.to_owned(), refused),
             }
         }
     }

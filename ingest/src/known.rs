@@ -311,7 +311,7 @@ impl KnownPods {
 }
 
 /// A revision just after `rv`: `rv + 1` for etcd revisions, else `rv` with a suffix.
-fn next_revision(rv: &str) -> String {
+pub fn next_revision(rv: &str) -> String {
     match rv.parse::<u64>() {
         Ok(n) => (n + 1).to_string(),
         Err(_) => format!("{rv}+deleted"),

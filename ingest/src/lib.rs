@@ -16,7 +16,8 @@
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
 //! - [`spark_projection`]: a Spark driver pod or SparkApplication reduced to the
-//!   `SparkEvent` the choice of driver reads.
+//!   `SparkEvent` the choice of driver reads; [`spark`]: their watch and what to publish for
+//!   each (`--spark`).
 
 pub mod checkpoint;
 pub mod known;
@@ -26,6 +27,7 @@ pub mod pod_json;
 pub mod projection;
 pub mod publisher;
 pub mod service;
+pub mod spark;
 pub mod spark_projection;
 pub mod watch_json;
 pub mod watched_pod;

@@ -23,21 +23,25 @@ use podstream_bus::dead::DeadLetter;
 
 use crate::known::{FastHash, Outgoing, uid};
 use crate::leadership::Fence;
+use crate::spark::SparkOutgoing;
 
-/// A message for the bus: a pod event or a dead letter.
+/// A message for the bus: a pod event, a Spark object's event, or a dead letter.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
     /// A pod event or owner notice.
     Pod(Box<Outgoing>),
+    /// A Spark driver pod's or SparkApplication's event.
+    Spark(Box<SparkOutgoing>),
     /// An item that could not be projected.
     Dead(DeadLetter),
 }
 
 impl Message {
-    /// The pod it is about; a dead letter is ordered with nothing.
+    /// The object it is about; a dead letter is ordered with nothing.
     fn pod(&self) -> Option<&str> {
         match self {
             Message::Pod(out) => Some(uid(&out.event)),
+            Message::Spark(out) => Some(out.uid()),
             Message::Dead(_) => None,
         }
     }
@@ -45,6 +49,7 @@ impl Message {
     fn subject(&self) -> &str {
         match self {
             Message::Pod(out) => &out.subject,
+            Message::Spark(out) => &out.subject,
             Message::Dead(dead) => &dead.subject,
         }
     }
@@ -53,6 +58,7 @@ impl Message {
     fn to_publish(&self, js: &jetstream::Context) -> PublishMessage {
         match self {
             Message::Pod(out) => out.to_publish(),
+            Message::Spark(out) => out.to_publish(),
             Message::Dead(dead) => dead.to_publish(js.client().server_info().max_payload),
         }
     }

@@ -35,6 +35,7 @@ use crate::leadership::{self, Deposed, Fence, Leadership, LeaseConfig};
 use crate::listing::{FinishedList, ListAction, ListInput, ListState};
 use crate::projection::OWNER_LABEL;
 use crate::publisher::{Acked, Message, Publisher};
+use crate::spark::{self, KnownSpark, SparkProjected, SparkWatched};
 use crate::watched_pod::WatchedPod;
 
 /// How often acks that arrived while nothing was published are collected.
@@ -74,6 +75,9 @@ pub struct IngestConfig {
     /// The Lease that elects one ingest among replicas; `None` runs without an election
     /// (one ingest per cluster, or the demo).
     pub lease: Option<LeaseConfig>,
+    /// Also watch the driver pods of Airflow's Spark jobs and their SparkApplications
+    /// (`--spark`, see [`crate::spark`]).
+    pub spark: bool,
     /// Readiness: the watch synced (or standing by to lead).
     pub health: Health,
 }
@@ -88,6 +92,7 @@ impl Default for IngestConfig {
             checkpoint_bucket: DEFAULT_CHECKPOINT_BUCKET.into(),
             checkpoint_interval: Duration::from_millis(DEFAULT_CHECKPOINT_INTERVAL_MS),
             lease: None,
+            spark: false,
             health: Health::new(),
         }
     }
@@ -105,6 +110,8 @@ pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 1000;
 pub struct IngestStats {
     /// Pod events and owner notices acked.
     pub published: u64,
+    /// Spark objects' events acked (`--spark`), synthesized deletes among them.
+    pub spark: u64,
     /// Synthesized deletes among them.
     pub synthesized: u64,
     /// Dead letters acked.
@@ -117,9 +124,13 @@ impl std::fmt::Display for IngestStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} published ({} synthesized deletes), {} dead-lettered",
-            self.published, self.synthesized, self.dead_lettered
-        )
+            "{} published ({} synthesized deletes), ",
+            self.published, self.synthesized
+        )?;
+        if self.spark > 0 {
+            write!(f, "{} Spark events, ", self.spark)?;
+        }
+        write!(f, "{} dead-lettered", self.dead_lettered)
     }
 }
 
@@ -195,6 +206,13 @@ pub async fn run(
     )
     .await?;
     fits_the_duplicate_window(config.checkpoint_interval, pods.duplicate_window)?;
+    if config.spark {
+        streams::ensure(
+            &js,
+            streams::stream_config(&subjects, Stream::Spark, &config.bus.streams),
+        )
+        .await?;
+    }
     tokio::pin!(shutdown);
     // A standby waits here, connected; SIGTERM ends the wait.
     let mut leadership = match &config.lease {
@@ -227,11 +245,12 @@ pub async fn run(
         .map_or_else(leadership::identity, |lease| lease.identity.clone());
     checkpoint.claim(&identity).await?;
     let restored = checkpoint.load().await?;
-    tracing::info!(pods = restored.pods.len(), resume = ?restored.resume, "checkpoint loaded");
+    tracing::info!(pods = restored.pods.len(), spark = restored.spark.len(), resume = ?restored.resume, "checkpoint loaded");
     let mut ingest = Ingest {
         cursor: None,
         subjects,
         known: KnownPods::from_events(restored.pods),
+        spark: KnownSpark::from_events(restored.spark),
         publisher: Publisher::new(js, config.ack_window, fence),
         checkpoint,
         stats: IngestStats::default(),
@@ -260,6 +279,21 @@ pub async fn run(
         (0..apis.len()).map(|_| ListState::Watching).collect();
     // Per scope: listed, and watching since without an error.
     let mut synced = vec![false; apis.len()];
+    // Spark objects are not part of readiness: a cluster without the SparkApplication CRD
+    // fails that watch until it is installed, and worker pods must not wait for it.
+    let spark_scopes = if config.spark {
+        spark::spark_scopes(&config.namespaces)
+    } else {
+        Vec::new()
+    };
+    let mut spark_lists: Vec<ListState<SparkProjected>> =
+        spark_scopes.iter().map(|_| ListState::Watching).collect();
+    let mut spark_events = (!spark_scopes.is_empty()).then(|| {
+        read_ahead(
+            spark::watch_spark(&kube, &spark_scopes, ingest.subjects.clone()),
+            READ_AHEAD,
+        )
+    });
     let mut tick = tokio::time::interval(ACK_POLL);
     loop {
         if let Some(deposed) = ingest.deposed() {
@@ -272,6 +306,28 @@ pub async fn run(
                 return Err(Deposed("the lease was lost to another ingest".into()).into());
             }
             _ = tick.tick() => ingest.checkpoint_acked().await,
+            Some((index, item)) = next_spark(&mut spark_events) => {
+                let (Some(scope), Some(list)) = (spark_scopes.get(index), spark_lists.get_mut(index)) else {
+                    continue;
+                };
+                match item {
+                    SparkWatched::List(input) => match list.on(input, None) {
+                        ListAction::Hold => {}
+                        ListAction::Flush => ingest.send_staged().await,
+                        ListAction::Publish(object, _) => {
+                            ingest.stage_spark(object);
+                            ingest.send_staged().await;
+                        }
+                        ListAction::Finish(finished) => {
+                            ingest.send_staged().await;
+                            ingest.after_spark_list(scope, &finished.seen).await;
+                        }
+                    },
+                    SparkWatched::Failed(error) => {
+                        tracing::warn!(kind = scope.kind.token(), namespace = ?scope.namespace, %error, "Spark watch failed; retrying with backoff");
+                    }
+                }
+            }
             item = events.recv() => {
                 let Some(first) = item else { break };
                 // Whatever else the watch has ready joins this burst (see `BURST`).
@@ -324,6 +380,16 @@ pub async fn run(
         leadership.release().await;
     }
     stats
+}
+
+/// The next Spark watch item; never without `--spark`.
+async fn next_spark(
+    events: &mut Option<tokio::sync::mpsc::Receiver<(usize, SparkWatched)>>,
+) -> Option<(usize, SparkWatched)> {
+    match events {
+        Some(events) => events.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves when a held lease is lost; never without an election.
@@ -452,6 +518,7 @@ struct Ingest {
     cursor: Option<u64>,
     subjects: Subjects,
     known: KnownPods,
+    spark: KnownSpark,
     publisher: Publisher,
     checkpoint: Checkpoint,
     stats: IngestStats,
@@ -530,6 +597,37 @@ impl Ingest {
         touched
     }
 
+    /// Stages what a Spark object's event calls for: the event, nothing for a revision
+    /// already published, or its dead letter.
+    fn stage_spark(&mut self, projected: SparkProjected) {
+        match projected {
+            SparkProjected::Event(event) => {
+                if let Some(out) = self.spark.observe(&self.subjects, *event) {
+                    self.staged.push(Message::Spark(Box::new(out)));
+                } else {
+                    self.stats.skipped += 1;
+                }
+            }
+            SparkProjected::Unusable(dead) => self.staged.push(Message::Dead(*dead)),
+        }
+    }
+
+    /// A completed Spark list: synthesized deletes for the known objects of its kind and
+    /// scope that vanished (the listed ones were published as they came).
+    async fn after_spark_list(&mut self, scope: &spark::SparkScope, seen: &UidSet) {
+        let vanished =
+            self.spark
+                .vanished(&self.subjects, scope.kind, scope.namespace.as_deref(), seen);
+        if !vanished.is_empty() {
+            tracing::info!(count = vanished.len(), kind = scope.kind.token(), namespace = ?scope.namespace, "Spark objects vanished while unwatched; synthesizing deletes");
+        }
+        for out in vanished {
+            self.send(Message::Spark(Box::new(out))).await;
+        }
+        tracing::info!(kind = scope.kind.token(), namespace = ?scope.namespace, listed = seen.len(), known = self.spark.len(), "Spark list done; watching");
+        self.checkpoint_acked().await;
+    }
+
     async fn observe(&mut self, kind: EventType, pod: WatchedPod, sighting: Sighting) {
         let projected = project(&self.subjects, kind, pod);
         self.publish_projected(projected, sighting).await;
@@ -604,6 +702,11 @@ impl Ingest {
                         self.stats.synthesized += 1;
                     }
                     self.checkpoint.record(&out);
+                }
+                Message::Spark(out) => {
+                    tracing::debug!(subject = %out.subject, rv = %out.event.resource_version, synthesized = out.event.synthesized, "published");
+                    self.stats.spark += 1;
+                    self.checkpoint.record_spark(&out);
                 }
                 Message::Dead(_) => self.stats.dead_lettered += 1,
             }

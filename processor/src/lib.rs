@@ -12,6 +12,9 @@
 //!   records live ([`MemoryStore`]).
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
 //! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
+//! - [`spark`]: which Spark driver pod drives a job (its SparkApplication's word, else
+//!   `find_spark_job`'s order), and the records it keeps; [`spark_service`]: their consumer
+//!   and KV bucket (`--spark`).
 
 pub mod command;
 pub mod decide;
@@ -23,6 +26,7 @@ pub mod record_cache;
 pub mod rules;
 pub mod service;
 pub mod spark;
+pub mod spark_service;
 pub mod state;
 
 pub use command::TaskCommand;

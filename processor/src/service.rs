@@ -59,6 +59,7 @@ use crate::decide::identity;
 use crate::record::TaskRecord;
 use crate::record_cache::{Cached, RecordCache};
 use crate::rules::Rules;
+use crate::spark_service::{SparkWorker, open_spark_bucket, spark_consumer};
 
 /// How the processor runs.
 #[derive(Debug, Clone)]
@@ -84,6 +85,9 @@ pub struct ProcessConfig {
     pub ack_wait: Duration,
     /// Task records kept in memory with their KV revisions (0: read each one from KV).
     pub cached_records: usize,
+    /// The KV bucket of Spark records, when Spark driver pods are processed too
+    /// (`--spark`, see [`crate::spark_service`]); `None` leaves them alone.
+    pub spark_bucket: Option<String>,
     /// Readiness: the consumers bound, the last decision not failing.
     pub health: Health,
 }
@@ -117,6 +121,7 @@ impl Default for ProcessConfig {
             failover: Duration::from_secs(DEFAULT_FAILOVER_SECONDS),
             ack_wait: podstream_bus::config::default_ack_wait(),
             cached_records: DEFAULT_CACHED_RECORDS,
+            spark_bucket: None,
             health: Health::new(),
         }
     }
@@ -236,6 +241,27 @@ pub async fn run(
         consumers.push(consumer);
     }
 
+    let spark = match &config.spark_bucket {
+        Some(bucket) => {
+            let wanted = streams::stream_config(&subjects, Stream::Spark, &config.bus.streams);
+            let spark = streams::ensure(&js, wanted).await?;
+            let records = open_spark_bucket(&js, bucket, &spark).await?;
+            let stream = streams::while_unavailable(&spark.name, || js.get_stream(&spark.name))
+                .await
+                .context("opening the Spark stream")?;
+            let consumer = spark_consumer(
+                &stream,
+                &format!("{}-spark", config.consumer),
+                subjects.stream_subjects(Stream::Spark),
+                config.ack_wait,
+                config.failover,
+            )
+            .await?;
+            Some((stream, consumer, records))
+        }
+        None => None,
+    };
+
     let lag = podstream_bus::metrics::report_pending(consumers.clone());
     let worker = Worker {
         in_flight: InFlight::start(js.client(), config.ack_wait),
@@ -275,10 +301,40 @@ pub async fn run(
             stats
         }
     });
-    let all = futures::future::join_all(loops);
+    let spark_loop = async {
+        let Some((stream, consumer, records)) = &spark else {
+            return ProcessStats::default();
+        };
+        let worker = SparkWorker {
+            js: worker.js.clone(),
+            subjects: worker.subjects.clone(),
+            records: records.clone(),
+            health: config.health.clone(),
+        };
+        let mut stats = ProcessStats::default();
+        let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+        while !*stopped.borrow() {
+            match worker
+                .consume(consumer, config.failover, stopped.clone(), &mut stats)
+                .await
+            {
+                Ok(()) => break,
+                Err(error) => {
+                    warn!(%error, "pulling Spark events failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+        let name = consumer.cached_info().name.clone();
+        if let Err(error) = stream.unpin_consumer(&name, PRIORITY_GROUP).await {
+            debug!(%error, consumer = %name, "unpin on shutdown failed; the pin times out");
+        }
+        stats
+    };
+    let all = futures::future::join(futures::future::join_all(loops), spark_loop);
     tokio::pin!(all);
     tokio::pin!(shutdown);
-    let per_consumer = tokio::select! {
+    let (per_consumer, spark_stats) = tokio::select! {
         stats = &mut all => stats,
         _ = &mut shutdown => {
             let _ = stop.send(true);
@@ -286,7 +342,7 @@ pub async fn run(
         }
     };
     lag.abort();
-    let mut stats = ProcessStats::default();
+    let mut stats = spark_stats;
     for one in per_consumer {
         stats += one;
     }
@@ -636,53 +692,63 @@ impl Worker {
 
     /// Publishes commands in order and waits for every ack.
     async fn publish(&self, commands: &[Command]) -> Result<(), Retry> {
-        let mut acks = Vec::with_capacity(commands.len());
-        for command in commands {
-            let uid = command.pod.as_ref().map_or("", |p| p.uid.as_str());
-            let payload = Bytes::from(command.encode_to_vec());
-            // A transfer is also the previous owner's news (its executor frees the slot):
-            // a copy on its subject, marked `left`, which the sink does not apply again.
-            if let Some(Kind::Transfer(transfer)) = &command.kind
-                && transfer.from != command.owner
-            {
-                // Headers first: `headers` replaces the map `message_id` writes into.
-                let notice = jetstream::message::PublishMessage::build()
-                    .headers(podstream_bus::role::headers(Role::Left))
-                    .message_id(format!("{}:{}", command.id, Role::Left.as_str()))
-                    .payload(payload.clone());
-                let subject = self.subjects.commands(&transfer.from, uid);
-                let ack = self.js.send_publish(subject, notice).await;
-                acks.push(ack.map_err(|e| Retry::Publish(e.to_string()))?);
-            }
-            let subject = self.subjects.commands(&command.owner, uid);
-            let message = jetstream::message::PublishMessage::build()
-                .headers(podstream_bus::role::headers(Role::Event))
-                .message_id(&command.id)
-                .payload(payload);
-            let ack = self
-                .js
-                .send_publish(subject, message)
-                .await
-                .map_err(|e| Retry::Publish(e.to_string()))?;
-            let kind = command.kind.as_ref().map_or("none", |k| k.name());
-            metrics::counter!(podstream_bus::metrics::PROCESSOR_COMMANDS, "kind" => kind)
-                .increment(1);
-            // Fields are evaluated only when the event is enabled: no TI string at warn level.
-            info!(
-                pod = %uid,
-                ti = %command.task.as_ref().map(ToString::to_string).unwrap_or_default(),
-                owner = %command.owner,
-                kind = command.kind.as_ref().map_or("none", |k| k.name()),
-                id = %command.id,
-                "command"
-            );
-            acks.push(ack);
-        }
-        for ack in acks {
-            ack.await.map_err(|e| Retry::Publish(e.to_string()))?;
-        }
-        Ok(())
+        publish(&self.js, &self.subjects, commands)
+            .await
+            .map_err(Retry::Publish)
     }
+}
+
+/// Publishes commands in order on their owners' subjects (a transfer also on its previous
+/// owner's, marked `left`) and waits for every ack.
+pub(crate) async fn publish(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    commands: &[Command],
+) -> Result<(), String> {
+    let mut acks = Vec::with_capacity(commands.len());
+    for command in commands {
+        let uid = command.pod.as_ref().map_or("", |p| p.uid.as_str());
+        let payload = Bytes::from(command.encode_to_vec());
+        // A transfer is also the previous owner's news (its executor frees the slot):
+        // a copy on its subject, marked `left`, which the sink does not apply again.
+        if let Some(Kind::Transfer(transfer)) = &command.kind
+            && transfer.from != command.owner
+        {
+            // Headers first: `headers` replaces the map `message_id` writes into.
+            let notice = jetstream::message::PublishMessage::build()
+                .headers(podstream_bus::role::headers(Role::Left))
+                .message_id(format!("{}:{}", command.id, Role::Left.as_str()))
+                .payload(payload.clone());
+            let subject = subjects.commands(&transfer.from, uid);
+            let ack = js.send_publish(subject, notice).await;
+            acks.push(ack.map_err(|e| e.to_string())?);
+        }
+        let subject = subjects.commands(&command.owner, uid);
+        let message = jetstream::message::PublishMessage::build()
+            .headers(podstream_bus::role::headers(Role::Event))
+            .message_id(&command.id)
+            .payload(payload);
+        let ack = js
+            .send_publish(subject, message)
+            .await
+            .map_err(|e| e.to_string())?;
+        let kind = command.kind.as_ref().map_or("none", |k| k.name());
+        metrics::counter!(podstream_bus::metrics::PROCESSOR_COMMANDS, "kind" => kind).increment(1);
+        // Fields are evaluated only when the event is enabled: no TI string at warn level.
+        info!(
+            pod = %uid,
+            ti = %command.task.as_ref().map(ToString::to_string).unwrap_or_default(),
+            owner = %command.owner,
+            kind = command.kind.as_ref().map_or("none", |k| k.name()),
+            id = %command.id,
+            "command"
+        );
+        acks.push(ack);
+    }
+    for ack in acks {
+        ack.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// What one instance knows of a TI's record before deciding its next event.

@@ -96,6 +96,14 @@ impl Component {
     /// # Panics
     /// When it does not stop within 20 s.
     pub fn terminate(mut self) -> std::process::ExitStatus {
+        self.stop()
+    }
+
+    /// SIGTERM; the exit status. The command stays, for [`Component::restart`].
+    ///
+    /// # Panics
+    /// When it does not stop within 20 s.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
         self.signal("TERM");
         let args = self.args.clone();
         self.wait_exit(Duration::from_secs(20))

@@ -373,3 +373,163 @@ fn decided_drivers(stage: &Sim) -> std::collections::HashMap<String, (String, St
     }
     chosen
 }
+
+/// The key of a scenario task's job in the processor's Spark bucket.
+fn job_key(task_id: &str) -> String {
+    format!("job.{NS}.spark_dag.{task_id}.r1.-1")
+}
+
+/// The choice the processor keeps for `task_id`'s job: (pod name, basis), once there is one.
+async fn kept_choice(
+    js: &async_nats::jetstream::Context,
+    task_id: &str,
+) -> Option<(String, String)> {
+    let bucket = js.get_key_value("podstream-spark").await.ok()?;
+    let value = bucket.get(job_key(task_id)).await.ok()??;
+    let record: Value = serde_json::from_slice(&value).ok()?;
+    Some((
+        record["chosen"]["pod"]["name"].as_str()?.to_owned(),
+        record["chosen"]["basis"].as_str()?.to_owned(),
+    ))
+}
+
+/// Waits up to 30 s for the processor to keep `want` as `task_id`'s choice.
+async fn wait_for_choice(js: &async_nats::jetstream::Context, task_id: &str, want: (&str, &str)) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let kept = kept_choice(js, task_id).await;
+        if kept.as_ref().map(|(p, b)| (p.as_str(), b.as_str())) == Some(want) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{task_id}: kept {kept:?}, not {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// `podstream ingest --spark` and `podstream process --spark` on the simulator: every change
+/// of a driver pod or SparkApplication is on the Spark stream once, on its own subject; the
+/// processor keeps each job's choice in its bucket (the application's word first) and reports
+/// the duplicate on the commands stream; a driver deleted while the ingest is down gets its
+/// synthesized delete from the checkpoint, and the choice falls back to the pods' facts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_keeps_each_jobs_driver_and_survives_an_ingest_restart() {
+    use podstream_tests::component::Component;
+    let stage = sim(true).await;
+    let nats = podstream_tests::nats::NatsServer::start();
+    let url = nats.url();
+    let binary = podstream_binary();
+    let mut ingest = Component::start(
+        binary,
+        &["ingest", "--spark", "--nats", &url, "--namespaces", NS],
+        &stage.kubeconfig,
+    );
+    let process = Component::start(
+        binary,
+        &["process", "--spark", "--nats", &url],
+        &stage.kubeconfig,
+    );
+    let at = |i: usize| CREATED[i].0;
+    let cluster = stage.server.cluster();
+    let spark = cluster
+        .served()
+        .find("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+        .unwrap();
+    cluster
+        .create(
+            spark,
+            NS,
+            json!({
+                "apiVersion": "sparkoperator.k8s.io/v1beta2",
+                "kind": "SparkApplication",
+                "metadata": { "name": "crunch", "namespace": NS },
+                "spec": { "type": "Python", "mode": "cluster" },
+                "status": { "driverInfo": { "podName": "crunch-driver" } },
+            }),
+            false,
+        )
+        .unwrap();
+    for (name, phase, created_at) in [
+        ("crunch-driver", "Running", at(0)),
+        ("crunch-driver-2", "Pending", at(1)),
+    ] {
+        create_driver(
+            &stage,
+            &Driver {
+                task_id: "crunch",
+                name,
+                phase,
+                created_at,
+                terminating: false,
+                checked: false,
+                application: Some("crunch"),
+            },
+        );
+    }
+    let client = async_nats::connect(&url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    // The application names the older running driver; on facts the newer pending one wins.
+    wait_for_choice(&js, "crunch", ("crunch-driver", "spark_application")).await;
+    let commands = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let uid = |name: &str| {
+        cluster
+            .get(&Key::new(Resource::Pods, NS, name))
+            .map(|pod| pod.uid.clone())
+            .unwrap()
+    };
+    let reported = commands
+        .get_last_raw_message_by_subject(&format!("podstream.commands.~.{}", uid("crunch-driver")))
+        .await
+        .unwrap();
+    let command =
+        <podstream_proto::Command as prost::Message>::decode(reported.payload.as_ref()).unwrap();
+    let Some(podstream_proto::v1::command::Kind::Duplicate(duplicate)) = command.kind else {
+        panic!("not a duplicate: {command:?}");
+    };
+    assert_eq!(
+        duplicate.basis(),
+        podstream_proto::v1::DuplicateBasis::SparkApplication
+    );
+    assert_eq!(duplicate.others.len(), 1);
+
+    // Stopped, the ingest misses the named driver's delete; its successor synthesizes it.
+    assert!(ingest.stop().success());
+    let gone = Key::new(Resource::Pods, NS, "crunch-driver");
+    drop(
+        cluster
+            .delete(
+                &gone,
+                &DeleteOptions {
+                    grace_period_seconds: Some(0),
+                    ..DeleteOptions::default()
+                },
+            )
+            .unwrap(),
+    );
+    assert!(cluster.get(&gone).is_err());
+    ingest.restart();
+    wait_for_choice(&js, "crunch", ("crunch-driver-2", "spark_pod_facts")).await;
+
+    // Every fact once: no two messages of the Spark stream share a subject and revision.
+    let stream = js.get_stream("PODSTREAM_SPARK").await.unwrap();
+    let last = stream.clone().info().await.unwrap().state.last_sequence;
+    let mut seen = std::collections::HashSet::new();
+    let mut synthesized = 0;
+    for sequence in 1..=last {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let event =
+            <podstream_proto::v1::SparkEvent as prost::Message>::decode(message.payload.as_ref())
+                .unwrap();
+        synthesized += usize::from(event.synthesized);
+        assert!(
+            seen.insert((message.subject.to_string(), event.resource_version.clone())),
+            "{} at {} twice",
+            message.subject,
+            event.resource_version
+        );
+    }
+    assert_eq!(synthesized, 1, "one synthesized delete");
+    drop(process);
+}

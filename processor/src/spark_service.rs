@@ -1,0 +1,389 @@
+//! The processor's Spark consumer (`podstream process --spark`): Spark driver pods' and
+//! SparkApplications' events from the Spark stream → the records of [`crate::spark`], kept in
+//! a KV bucket → `duplicate` commands on the commands stream, and each job's choice in its
+//! record, where `PodstreamSparkKubernetesOperator` reads it.
+//!
+//! One durable consumer pinned to one instance at a time (as the pod consumers are), read
+//! one event at a time: Spark objects are few, and a job's records then change in stream
+//! order. Records are written by compare-and-set, so an instance taking over mid-event
+//! decides again from what is stored. Each record keeps the commands of its last decision
+//! (its outbox), published again whenever the record is read: an event whose record was
+//! written but whose commands were not published before a crash loses nothing, and the
+//! commands' deterministic ids make the copies harmless.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull, kv, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use podstream_bus::dead::{self, DeadLetter};
+use podstream_bus::{Backoff, Condition, Health};
+use podstream_proto::subject::{Stage, Subjects};
+use podstream_proto::v1::spark_event::Object;
+use podstream_proto::v1::{EventType, SparkApplication, SparkDriver, SparkEvent};
+use prost::Message as _;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{debug, info, warn};
+
+use crate::service::{ProcessStats, publish};
+use crate::spark::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
+
+/// The KV bucket of Spark records by default.
+pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";
+
+/// The priority group the Spark consumer is pulled in, as the pod consumers are.
+const PRIORITY_GROUP: &str = "podstream";
+
+/// Why handling an event must be tried again.
+#[derive(Debug, thiserror::Error)]
+enum Retry {
+    #[error("reading {0}: {1}")]
+    Load(String, String),
+    #[error("writing {0}: {1}")]
+    Store(String, String),
+    #[error("{0} changed meanwhile")]
+    Moved(String),
+    #[error("publishing commands: {0}")]
+    Publish(String),
+}
+
+/// The Spark consumer's parts.
+pub(crate) struct SparkWorker {
+    pub js: jetstream::Context,
+    pub subjects: Subjects,
+    pub records: kv::Store,
+    pub health: Health,
+}
+
+/// The bucket of Spark records, kept as long and as replicated as the Spark stream.
+pub(crate) async fn open_spark_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    spark: &stream::Config,
+) -> anyhow::Result<kv::Store> {
+    let wanted = kv::Config {
+        bucket: bucket.to_owned(),
+        description: "podstream processor: per Spark job, its driver pods and the driver chosen"
+            .into(),
+        history: 1,
+        max_age: spark.max_age,
+        storage: stream::StorageType::File,
+        num_replicas: spark.num_replicas,
+        ..Default::default()
+    };
+    podstream_bus::streams::bucket(js, wanted)
+        .await
+        .map_err(|error| anyhow::anyhow!("opening KV bucket {bucket}: {error}"))
+}
+
+/// A record and the KV revision it was read at (0: none yet).
+struct Stored<T> {
+    record: T,
+    revision: u64,
+}
+
+impl SparkWorker {
+    /// Pulls `consumer` one event at a time until `stopped`.
+    pub(crate) async fn consume(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        failover: Duration,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+        stats: &mut ProcessStats,
+    ) -> anyhow::Result<()> {
+        let mut messages = consumer
+            .stream()
+            .group(PRIORITY_GROUP)
+            .max_messages_per_batch(64)
+            .expires((failover / 4).max(Duration::from_millis(200)))
+            .messages()
+            .await
+            .map_err(|error| anyhow::anyhow!("starting the Spark pull: {error}"))?;
+        self.health.set(Condition::ConsumerBound, true);
+        loop {
+            let message = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => return Ok(()),
+                message = messages.next() => message,
+            };
+            let Some(message) = message else {
+                anyhow::bail!("the Spark pull stream ended");
+            };
+            let message = match message {
+                Ok(message) => message,
+                Err(error) => {
+                    warn!(%error, "receiving a Spark event failed");
+                    continue;
+                }
+            };
+            self.handle_until_done(&message, stats).await;
+            if let Err(error) = message.ack_with(AckKind::Ack).await {
+                warn!(%error, "ack failed; the Spark event will be redelivered and change nothing");
+            }
+        }
+    }
+
+    /// Handles one message, retrying with backoff (and progress acks, so it is not
+    /// redelivered meanwhile) while KV or the commands stream refuse.
+    async fn handle_until_done(&self, message: &jetstream::Message, stats: &mut ProcessStats) {
+        let event = match SparkEvent::decode(message.payload.as_ref()) {
+            Ok(event) if event.object.is_some() => event,
+            decoded => {
+                let reason = match decoded {
+                    Err(error) => format!("not a SparkEvent: {error}"),
+                    Ok(_) => "a SparkEvent without an object".to_owned(),
+                };
+                warn!(subject = %message.subject, %reason, "Spark event dead-lettered");
+                let letter = DeadLetter {
+                    subject: self.subjects.dead_letters(Stage::Processor),
+                    msg_id: format!("{}:dead", message.subject),
+                    reason,
+                    source: message.subject.to_string(),
+                    payload: message.payload.clone(),
+                };
+                dead::store(&self.js, &letter).await;
+                stats.dead_lettered += 1;
+                return;
+            }
+        };
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match self.handle(&event).await {
+                Ok(commands) => {
+                    self.health.set(Condition::ConsumerBound, true);
+                    stats.decided += 1;
+                    stats.commands += commands;
+                    return;
+                }
+                Err(Retry::Moved(key)) => {
+                    debug!(%key, "Spark record changed meanwhile; deciding again");
+                }
+                Err(error) => {
+                    self.health.set(Condition::ConsumerBound, false);
+                    warn!(%error, subject = %message.subject, retry_in_ms = backoff.delay().as_millis() as u64, "deciding a Spark event failed; retrying");
+                    let _ = message.ack_with(AckKind::Progress).await;
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Decides one event; the number of commands published.
+    async fn handle(&self, event: &SparkEvent) -> Result<u64, Retry> {
+        match &event.object {
+            Some(Object::Driver(driver)) => self.driver(event, driver).await,
+            Some(Object::Application(application)) => self.application(event, application).await,
+            None => Ok(0),
+        }
+    }
+
+    async fn driver(&self, event: &SparkEvent, driver: &SparkDriver) -> Result<u64, Retry> {
+        let job = JobKey::of(driver);
+        let key = job.kv_key();
+        let mut stored: Stored<JobRecord> = self.load(&key).await?;
+        let mut published = self.publish(&stored.record.outbox).await?;
+        let before: Vec<String> = owned(stored.record.applications());
+        if !stored.record.take_driver(event, driver) {
+            return Ok(published);
+        }
+        let now: Vec<String> = owned(stored.record.applications());
+        for name in &now {
+            if !before.contains(name) {
+                self.index(&job, name, true).await?;
+            }
+        }
+        for name in &before {
+            if !now.contains(name) {
+                self.index(&job, name, false).await?;
+            }
+        }
+        let applications = self.applications_of(&job, &now).await?;
+        stored
+            .record
+            .decide(|name| applications.get(name), &event.resource_version);
+        let outbox = stored.record.outbox.clone();
+        if stored.record.drivers.is_empty() {
+            self.remove(&key, stored.revision).await?;
+        } else {
+            self.store(&key, &stored.record, stored.revision).await?;
+        }
+        published += self.publish(&outbox).await?;
+        Ok(published)
+    }
+
+    async fn application(
+        &self,
+        event: &SparkEvent,
+        application: &SparkApplication,
+    ) -> Result<u64, Retry> {
+        let (namespace, name) = application_name(application);
+        let key = application_kv_key(&namespace, &name);
+        let mut stored: Stored<ApplicationRecord> = self.load(&key).await?;
+        // Its jobs are decided again even for an event taken before: a crash may have come
+        // between this record's write and theirs.
+        if event.r#type() == EventType::Deleted {
+            if stored.revision != 0 {
+                self.remove(&key, stored.revision).await?;
+            }
+        } else if stored.record.take(event, application) {
+            self.store(&key, &stored.record, stored.revision).await?;
+        }
+        let mut published = 0;
+        for job in &stored.record.jobs {
+            let job_key = job.kv_key();
+            let mut record: Stored<JobRecord> = self.load(&job_key).await?;
+            published += self.publish(&record.record.outbox).await?;
+            if record.revision == 0 {
+                continue;
+            }
+            let names = owned(record.record.applications());
+            let applications = self.applications_of(job, &names).await?;
+            record
+                .record
+                .decide(|name| applications.get(name), &event.resource_version);
+            let outbox = record.record.outbox.clone();
+            self.store(&job_key, &record.record, record.revision)
+                .await?;
+            published += self.publish(&outbox).await?;
+        }
+        Ok(published)
+    }
+
+    /// Adds `job` to (or, `named` false, removes it from) the jobs application `name` knows.
+    async fn index(&self, job: &JobKey, name: &str, named: bool) -> Result<(), Retry> {
+        let key = application_kv_key(&job.namespace, name);
+        let mut stored: Stored<ApplicationRecord> = self.load(&key).await?;
+        if named {
+            if stored.record.named_by(job) {
+                self.store(&key, &stored.record, stored.revision).await?;
+            }
+        } else if stored.revision != 0 {
+            if stored.record.forget(job) {
+                self.remove(&key, stored.revision).await?;
+            } else {
+                self.store(&key, &stored.record, stored.revision).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The records of the applications `names` of `job`'s namespace that exist.
+    async fn applications_of(
+        &self,
+        job: &JobKey,
+        names: &[String],
+    ) -> Result<HashMap<String, ApplicationRecord>, Retry> {
+        let mut found = HashMap::new();
+        for name in names {
+            let stored: Stored<ApplicationRecord> =
+                self.load(&application_kv_key(&job.namespace, name)).await?;
+            if stored.revision != 0 {
+                found.insert(name.clone(), stored.record);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn load<T: DeserializeOwned + Default>(&self, key: &str) -> Result<Stored<T>, Retry> {
+        let entry = self
+            .records
+            .entry(key)
+            .await
+            .map_err(|e| Retry::Load(key.to_owned(), e.to_string()))?;
+        Ok(match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => Stored {
+                record: serde_json::from_slice(&entry.value).unwrap_or_else(|error| {
+                    // Decided afresh from its next events: at worst a duplicate reported again.
+                    warn!(%key, %error, "Spark record unreadable; starting it afresh");
+                    T::default()
+                }),
+                revision: entry.revision,
+            },
+            Some(entry) => Stored {
+                record: T::default(),
+                revision: entry.revision,
+            },
+            None => Stored {
+                record: T::default(),
+                revision: 0,
+            },
+        })
+    }
+
+    async fn store<T: Serialize>(&self, key: &str, record: &T, revision: u64) -> Result<(), Retry> {
+        let value =
+            serde_json::to_vec(record).map_err(|e| Retry::Store(key.to_owned(), e.to_string()))?;
+        match self.records.update(key, Bytes::from(value), revision).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                Err(Retry::Moved(key.to_owned()))
+            }
+            Err(error) => Err(Retry::Store(key.to_owned(), error.to_string())),
+        }
+    }
+
+    async fn remove(&self, key: &str, revision: u64) -> Result<(), Retry> {
+        match self
+            .records
+            .delete_expect_revision(key, Some(revision))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == kv::DeleteErrorKind::WrongLastRevision => {
+                Err(Retry::Moved(key.to_owned()))
+            }
+            Err(error) => Err(Retry::Store(key.to_owned(), error.to_string())),
+        }
+    }
+
+    async fn publish(&self, commands: &[podstream_proto::Command]) -> Result<u64, Retry> {
+        if commands.is_empty() {
+            return Ok(0);
+        }
+        publish(&self.js, &self.subjects, commands)
+            .await
+            .map_err(Retry::Publish)?;
+        for command in commands {
+            info!(id = %command.id, pod = %command.pod.as_ref().map(|p| p.name.as_str()).unwrap_or_default(), "Spark duplicate reported");
+        }
+        Ok(commands.len() as u64)
+    }
+}
+
+fn owned(names: Vec<&str>) -> Vec<String> {
+    names.into_iter().map(str::to_owned).collect()
+}
+
+/// The durable consumer of the Spark stream, created or updated (as the pod consumers are),
+/// its pin taken and its in-flight events made deliverable now.
+pub(crate) async fn spark_consumer(
+    stream: &jetstream::stream::Stream,
+    name: &str,
+    filter: String,
+    ack_wait: Duration,
+    failover: Duration,
+) -> anyhow::Result<jetstream::consumer::PullConsumer> {
+    let wanted = pull::Config {
+        durable_name: Some(name.to_owned()),
+        filter_subject: filter.clone(),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait,
+        priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
+        priority_groups: vec![PRIORITY_GROUP.to_owned()],
+        priority_timeout: failover,
+        ..Default::default()
+    };
+    let consumer =
+        podstream_bus::streams::while_unavailable(name, || stream.create_consumer(wanted.clone()))
+            .await
+            .map_err(|error| anyhow::anyhow!("creating consumer {name}: {error}"))?;
+    if let Err(error) = stream.unpin_consumer(name, PRIORITY_GROUP).await {
+        debug!(%error, consumer = %name, "unpin on start failed; waiting for the pin to time out");
+    }
+    if let Err(error) = stream.reset_consumer(name, None).await {
+        debug!(%error, consumer = %name, "consumer reset on start refused; in-flight events come back after the ack wait");
+    }
+    info!(consumer = %name, %filter, "processing Spark objects");
+    Ok(consumer)
+}
