@@ -10,16 +10,13 @@ runs this file (tests/tests/podstream_airflow.rs) with:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import Optional
 
 import pytest
+from real_parts import Nats, run, wait_for
 
 NEEDED = ("PODSTREAM_BIN", "PODSTREAM_NATS_SERVER", "PODSTREAM_AIRFLOW_DB")
 pytestmark = pytest.mark.skipif(
@@ -28,63 +25,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 STREAM = "PODSTREAM_COMMANDS"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(check, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Nats:
-    """A nats-server with JetStream on a port of its own; stop and start keep its store."""
-
-    def __init__(self, store: Path, config: Optional[Path] = None, env: Optional[dict] = None):
-        self.port = free_port()
-        self.store = store
-        self.config = config
-        self.env = env or {}
-        self.log = store.parent / "nats-server.log"
-        self.process = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        config = ["-c", str(self.config)] if self.config else []
-        self.process = subprocess.Popen(
-            [os.environ["PODSTREAM_NATS_SERVER"], *config, "-js", "-sd", str(self.store), "-a", "127.0.0.1",
-             "-p", str(self.port), "-l", str(self.log)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, **self.env},
-        )
-        wait_for(lambda: _accepts(self.port), what="nats-server")
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def run(coroutine):
-    return asyncio.new_event_loop().run_until_complete(coroutine)
 
 
 async def _create_stream(url: str, **login):
@@ -103,6 +43,21 @@ async def _publish(url: str, messages, **login):
     js = client.jetstream()
     for subject, payload in messages:
         await js.publish(subject, payload)
+    await client.close()
+
+
+async def _put_spark_choice(url: str, key: str, pod: str, **login) -> None:
+    """A Spark job's record naming ``pod``, as podstream's processor writes it."""
+    import json
+
+    import nats
+    from nats.js.api import KeyValueConfig
+
+    client = await nats.connect(url, **login)
+    bucket = await client.jetstream().create_key_value(KeyValueConfig(bucket="podstream-spark"))
+    record = {"drivers": [], "chosen": {"pod": {"namespace": "airflow", "name": pod, "uid": "u1"},
+                                        "basis": "spark_application", "others": []}}
+    await bucket.put(key, json.dumps(record).encode())
     await client.close()
 
 
@@ -407,6 +362,14 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
             assert state == "failed"
         finally:
             executor.end()
+        # PodstreamSparkKubernetesOperator reads the Spark bucket the processor writes.
+        from podstream_airflow.config import PodstreamConfig
+        from podstream_airflow.spark import chosen_driver
+
+        key = "job.airflow.etl.crunch.r1.-1"
+        run(_put_spark_choice(nats_server.url, key, "crunch-driver", **processor))
+        chosen = chosen_driver(PodstreamConfig.from_airflow("spark"), key)
+        assert chosen is not None and chosen["pod"]["name"] == "crunch-driver"
         refused = [line for line in nats_server.log.read_text().splitlines() if "Violation" in line]
         assert refused == []
     finally:

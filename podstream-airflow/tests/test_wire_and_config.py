@@ -9,7 +9,8 @@ from packaging.version import Version
 
 from podstream_airflow import UnsupportedAirflow, check_supported
 from podstream_airflow.config import PodstreamConfig
-from podstream_airflow.wire import commands_filter, decode_command, encode_token, message_class
+from podstream_airflow.spark import job_key
+from podstream_airflow.wire import commands_filter, decode_command, encode_key_token, encode_token, message_class
 
 
 @pytest.mark.parametrize(
@@ -18,6 +19,21 @@ from podstream_airflow.wire import commands_filter, decode_command, encode_token
 )
 def test_tokens_are_podstreams(value, token):
     assert encode_token(value) == token
+
+
+@pytest.mark.parametrize(
+    "value, token",
+    [("etl", "etl"), ("", "="), ("a.b", "a=2Eb"), ("r~1", "r=7E1"), ("t:00+00", "t=3A00=2B00")],
+)
+def test_key_tokens_are_podstreams(value, token):
+    assert encode_key_token(value) == token
+
+
+def test_a_spark_jobs_key_is_the_processors():
+    # The same key as `keys_are_subject_tokens` in processor/src/spark.rs.
+    labels = {"dag_id": "etl", "task_id": "crunch", "run_id": "manual__2026-11-30T10:00:00+00:00"}
+    assert job_key("airflow", labels) == "job.airflow.etl.crunch.manual__2026-11-30T10=3A00=3A00=2B00=3A00.-1"
+    assert job_key("airflow", {**labels, "map_index": "3"}).endswith(".3")
 
 
 def test_the_filter_names_this_schedulers_commands():
@@ -42,6 +58,8 @@ def test_defaults():
     c = config()
     assert c.servers == ("nats://127.0.0.1:4222",)
     assert (c.subject_prefix, c.consumer, c.ack_wait_seconds) == ("podstream", "podstream-airflow-7", 60.0)
+    assert c.spark_bucket == "podstream-spark"
+    assert config(spark_bucket=" spark-choices ").spark_bucket == "spark-choices"
     assert c.connect_options() == {"servers": ["nats://127.0.0.1:4222"], "inbox_prefix": "_INBOX_podstream-airflow"}
 
 

@@ -1,7 +1,9 @@
-"""The cncf.kubernetes provider's own SparkKubernetesOperator.find_spark_job, asked for each
-case's task instance against a cluster (the simulator): reads a JSON list of cases
-({"dag_id", "task_id", "run_id", "try_number"}) on stdin, prints a JSON line per case with
-the driver pod it reattaches to (null for none)."""
+"""The cncf.kubernetes provider's own SparkKubernetesOperator.find_spark_job (or, with a third
+argument ``podstream``, podstream-airflow's PodstreamSparkKubernetesOperator, which asks
+podstream at ``AIRFLOW__PODSTREAM__URL``), asked for each case's task instance against a
+cluster (the simulator): reads a JSON list of cases ({"dag_id", "task_id", "run_id",
+"try_number"}) on stdin, prints a JSON line per case with the driver pod it reattaches to
+(null for none)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,14 @@ from types import SimpleNamespace
 from airflow.providers.cncf.kubernetes.operators.spark_kubernetes import SparkKubernetesOperator
 
 
-def main(kubeconfig: str, namespace: str) -> None:
+def main(kubeconfig: str, namespace: str, which: str = "stock") -> None:
+    operator_class = SparkKubernetesOperator
+    if which == "podstream":
+        from podstream_airflow import PodstreamSparkKubernetesOperator
+
+        operator_class = PodstreamSparkKubernetesOperator
     for case in json.load(sys.stdin):
-        operator = SparkKubernetesOperator(
+        operator = operator_class(
             task_id=case["task_id"],
             namespace=namespace,
             config_file=kubeconfig,
@@ -35,4 +42,4 @@ def main(kubeconfig: str, namespace: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

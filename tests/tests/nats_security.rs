@@ -35,14 +35,17 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
     db.seed(DAG, RUN, &[SeedTi::running("secured", 1)])
         .await
         .unwrap();
+    // With --spark: its stream, consumer, bucket and a driver pod's record are permitted
+    // too (the simulator serves no SparkApplications: that watch only fails, and says so).
     let stages: [&[&str]; 3] = [
         &[
             "ingest",
             "--namespaces",
             recovery::NS,
             "--no-leader-election",
+            "--spark",
         ],
-        &["process"],
+        &["process", "--spark"],
         &["sink", "--db", &target.url],
     ];
     let mut running = Vec::new();
@@ -70,6 +73,16 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
         }
     }
     let cluster = sim.cluster();
+    cluster
+        .create_pod(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": "secured-driver", "namespace": recovery::NS, "labels": {
+                "spark-role": "driver", "spark_kubernetes_operator": "True", "dag_id": DAG,
+                "task_id": "spark", "run_id": RUN, "try_number": "1" } },
+            "spec": { "containers": [{ "name": "spark-kubernetes-driver", "image": "spark:3.5" }] },
+        }))
+        .unwrap();
     cluster
         .create_pod(WorkerPod::new("secured-pod", "1", DAG, "secured", RUN).to_json())
         .unwrap();

@@ -31,6 +31,21 @@ fn the_package_ships_podstreams_own_schema() {
     );
 }
 
+/// The package's default Spark bucket is the processor's: the operator reads where
+/// `podstream process --spark` writes.
+#[test]
+fn the_package_reads_the_spark_bucket_the_processor_writes() {
+    let config = std::fs::read_to_string(
+        workspace_root().join("podstream-airflow/src/podstream_airflow/config.py"),
+    )
+    .unwrap();
+    let default = format!(
+        "DEFAULT_SPARK_BUCKET = \"{}\"",
+        podstream_processor::spark_service::DEFAULT_SPARK_BUCKET
+    );
+    assert!(config.contains(&default), "config.py lacks {default}");
+}
+
 #[test]
 fn the_pytest_suite_passes_in_every_airflow() {
     for airflow in Airflow::all() {

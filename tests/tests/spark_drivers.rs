@@ -103,6 +103,17 @@ fn create_driver(sim: &Sim, driver: &Driver<'_>) {
 
 /// The driver the provider's own `find_spark_job` reattaches to, for each task.
 async fn ask_provider(sim: &Sim, tasks: &[String]) -> Vec<Option<String>> {
+    ask_operator(sim, tasks, "stock", None).await
+}
+
+/// The driver `find_spark_job` of the `stock` operator or of podstream-airflow's subclass
+/// (`podstream`, asking podstream at `nats`) reattaches to, for each task.
+async fn ask_operator(
+    sim: &Sim,
+    tasks: &[String],
+    which: &'static str,
+    nats: Option<String>,
+) -> Vec<Option<String>> {
     let airflow = Airflow::newest();
     airflow.installed().unwrap();
     let cases: Vec<Value> = tasks
@@ -115,10 +126,13 @@ async fn ask_provider(sim: &Sim, tasks: &[String]) -> Vec<Option<String>> {
     let input = serde_json::to_vec(&cases).unwrap();
     let kubeconfig = sim.kubeconfig.display().to_string();
     let output = tokio::task::spawn_blocking(move || {
-        let mut child = airflow
-            .python(&home)
+        let mut command = airflow.python(&home);
+        if let Some(url) = &nats {
+            command.env("AIRFLOW__PODSTREAM__URL", url);
+        }
+        let mut child = command
             .arg(script)
-            .args([kubeconfig.as_str(), NS])
+            .args([kubeconfig.as_str(), NS, which])
             .env(
                 "AIRFLOW_CONN_KUBERNETES_DEFAULT",
                 r#"{"conn_type": "kubernetes"}"#,
@@ -223,10 +237,12 @@ async fn podstream_chooses_the_driver_find_spark_job_chooses() {
     );
 }
 
-/// Seed 003 with the SparkApplication in the picture: the stock `find_spark_job` against
-/// `podstream decide` over kubectl's view of the same simulator, with two and three driver
-/// pods. The report shows where they differ: where the application tracks an older driver
-/// than the one pod facts favour.
+/// Seed 003 with the SparkApplication in the picture: the stock `find_spark_job`, `podstream
+/// decide` over kubectl's view of the same simulator, and podstream-airflow's
+/// `PodstreamSparkKubernetesOperator` asking `ingest --spark` and `process --spark` running on
+/// it, with two and three driver pods. The report shows where they differ: where the
+/// application tracks an older driver than the one pod facts favour, the subclass reattaches
+/// to the tracked one, as `decide` says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn where_the_application_names_an_older_driver_podstream_and_stock_differ() {
     let stage = sim(true).await;
@@ -300,23 +316,54 @@ async fn where_the_application_names_an_older_driver_podstream_and_stock_differ(
     let stock = ask_provider(&stage, &tasks).await;
     let podstream = decided_drivers(&stage);
 
-    println!("task     drivers  stock find_spark_job  podstream (why)");
-    for ((task, _, drivers, _), stock) in scenarios.iter().zip(&stock) {
+    // The pipeline on the same simulator, and the subclass asking it.
+    let nats = podstream_tests::nats::NatsServer::start();
+    let url = nats.url();
+    let pipeline = [
+        vec!["ingest", "--spark", "--nats", &url, "--namespaces", NS],
+        vec!["process", "--spark", "--nats", &url],
+    ]
+    .map(|args| {
+        podstream_tests::component::Component::start(podstream_binary(), &args, &stage.kubeconfig)
+    });
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    for (task, _, _, (_, want, why)) in &scenarios {
+        wait_for_choice(&js, task, (want, why)).await;
+    }
+    let subclass = ask_operator(&stage, &tasks, "podstream", Some(url.clone())).await;
+    drop(pipeline);
+
+    println!(
+        "task     drivers  stock find_spark_job  podstream decide (why)          PodstreamSparkKubernetesOperator"
+    );
+    for (((task, _, drivers, _), stock), subclass) in scenarios.iter().zip(&stock).zip(&subclass) {
         let (chosen, why) = podstream.get(*task).cloned().unwrap_or_default();
+        let stock = stock.as_deref().unwrap_or("none");
         println!(
-            "{task:<8} {:<8} {:<21} {chosen} ({why})",
+            "{task:<8} {:<8} {stock:<21} {:<32} {}{}",
             drivers.len(),
-            stock.as_deref().unwrap_or("none")
+            format!("{chosen} ({why})"),
+            subclass.as_deref().unwrap_or("none"),
+            if subclass.as_deref() == Some(stock) {
+                ""
+            } else {
+                "  <- differs from stock"
+            },
         );
     }
-    for ((task, _, _, (want_stock, want_podstream, want_why)), stock) in
-        scenarios.iter().zip(&stock)
+    for (((task, _, _, (want_stock, want_podstream, want_why)), stock), subclass) in
+        scenarios.iter().zip(&stock).zip(&subclass)
     {
         assert_eq!(stock.as_deref(), Some(*want_stock), "{task}: stock");
         assert_eq!(
             podstream.get(*task),
             Some(&(want_podstream.to_string(), want_why.to_string())),
             "{task}: podstream"
+        );
+        assert_eq!(
+            subclass.as_deref(),
+            Some(*want_podstream),
+            "{task}: the subclass"
         );
     }
 }

@@ -2,7 +2,8 @@
 
 Set ``[core] executor = podstream_airflow.PodstreamKubernetesExecutor``. The executor launches
 pods exactly as the stock one does; the outcomes of its pods come from podstream's commands on
-JetStream and enter the executor's own result path. The rules live in podstream (Rust); this
+JetStream and enter the executor's own result path. ``PodstreamSparkKubernetesOperator`` is the
+provider's ``SparkKubernetesOperator`` reattaching to the Spark driver podstream chose. The rules live in podstream (Rust); this
 package only adapts Airflow to them.
 """
 
@@ -48,5 +49,6 @@ def check_supported(airflow: Version | None, provider: Version | None) -> None:
 check_supported(_installed("apache-airflow"), _installed("apache-airflow-providers-cncf-kubernetes"))
 
 from podstream_airflow.executor import PodstreamKubernetesExecutor  # noqa: E402
+from podstream_airflow.spark import PodstreamSparkKubernetesOperator  # noqa: E402
 
-__all__ = ["PodstreamKubernetesExecutor", "UnsupportedAirflow", "check_supported"]
+__all__ = ["PodstreamKubernetesExecutor", "PodstreamSparkKubernetesOperator", "UnsupportedAirflow", "check_supported"]

@@ -12,6 +12,7 @@
 | ``ca_file`` | | CA certificate to verify the server with |
 | ``cert_file``, ``key_file`` | | client certificate and key (mutual TLS) |
 | ``ack_wait_seconds`` | ``60`` | how long NATS waits for the executor to take a command before redelivering it |
+| ``spark_bucket`` | ``podstream-spark`` | KV bucket of the Spark jobs' chosen drivers (``podstream process --spark-bucket``), read by ``PodstreamSparkKubernetesOperator`` |
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, Callable, Optional
 from podstream_airflow.wire import DEFAULT_PREFIX
 
 SECTION = "podstream"
+#: podstream's Spark bucket unless configured otherwise (``podstream process --spark-bucket``).
+DEFAULT_SPARK_BUCKET = "podstream-spark"
 #: The subject prefix of the replies the executor's NATS connection receives.
 INBOX_PREFIX = "_INBOX_podstream-airflow"
 
@@ -45,6 +48,7 @@ class PodstreamConfig:
     cert_file: Optional[str] = None
     key_file: Optional[str] = None
     ack_wait_seconds: float = 60.0
+    spark_bucket: str = DEFAULT_SPARK_BUCKET
 
     @classmethod
     def read(cls, get: Callable[[str], Optional[str]], scheduler_job_id: str) -> "PodstreamConfig":
@@ -75,6 +79,7 @@ class PodstreamConfig:
             cert_file=value("cert_file"),
             key_file=value("key_file"),
             ack_wait_seconds=ack_wait_seconds,
+            spark_bucket=value("spark_bucket") or DEFAULT_SPARK_BUCKET,
         )
 
     @classmethod

@@ -54,6 +54,18 @@ def encode_token(value: str) -> str:
     )
 
 
+def encode_key_token(value: str) -> str:
+    """One KV-key token for any string, as podstream encodes it (``encode_key_token`` in
+    ``proto/src/subject.rs``): plain characters stay, every other byte is ``=XX``."""
+    if not value:
+        return "="
+    if _PLAIN.fullmatch(value):
+        return value
+    return "".join(
+        chr(byte) if _PLAIN.fullmatch(chr(byte)) else f"={byte:02X}" for byte in value.encode()
+    )
+
+
 def commands_filter(prefix: str, owner: str) -> str:
     """The subjects of every command for scheduler ``owner``: ``<prefix>.commands.<owner>.*``."""
     return f"{prefix}.commands.{encode_token(owner)}.*"
