@@ -79,7 +79,7 @@ impl RunArgs {
                 ..ProcessConfig::default()
             },
             sink: SinkConfig {
-                applied_retention_hours: self.retention.applied_retention_hours,
+                applied_retention: self.retention.applied_retention_hours,
                 ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
             },

@@ -70,7 +70,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             connections: args.connections,
             ack_wait: args.ack_wait.ack_wait(),
-            applied_retention_hours: args.retention.applied_retention_hours,
+            applied_retention: args.retention.applied_retention_hours,
             health,
         };
         let summary = args

@@ -136,10 +136,10 @@ pub struct StreamArgs {
     /// stream: 120].
     #[arg(long, env = "PODSTREAM_DUPLICATE_WINDOW_SECONDS")]
     pub duplicate_window_seconds: Option<u64>,
-    /// Hours messages are kept for replay; 0 keeps them forever [default for a new stream:
-    /// 168].
-    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS")]
-    pub max_age_hours: Option<u64>,
+    /// Hours messages are kept for replay (fractions allowed: 0.5 is half an hour); 0 keeps
+    /// them forever [default for a new stream: 168].
+    #[arg(long, env = "PODSTREAM_MAX_AGE_HOURS", value_parser = parse_hours)]
+    pub max_age_hours: Option<Duration>,
     /// Bytes each stream keeps at most, its oldest messages going first; 0 for no limit
     /// [default for a new stream: no limit]. A stage that lags past it loses what it had not
     /// read: size it well above a day of events.
@@ -153,9 +153,7 @@ impl StreamArgs {
         StreamSettings {
             replicas: self.stream_replicas,
             duplicate_window: self.duplicate_window_seconds.map(Duration::from_secs),
-            max_age: self
-                .max_age_hours
-                .map(|hours| Duration::from_secs(hours.saturating_mul(3600))),
+            max_age: self.max_age_hours,
             max_bytes: self.stream_max_bytes,
         }
     }
@@ -169,6 +167,17 @@ impl StreamArgs {
             streams: self.settings(),
         }
     }
+}
+
+/// A number of hours as a flag gives it (`24`, `0.05`), as a duration: not negative, not
+/// beyond what a duration holds.
+pub fn parse_hours(text: &str) -> Result<Duration, String> {
+    let hours: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of hours"))?;
+    Duration::try_from_secs_f64(hours * 3600.0)
+        .map_err(|_| format!("{text:?} hours is not a duration (negative, or too long)"))
 }
 
 /// How long a durable consumer (the processor's, the sink's) waits for an ack.
@@ -185,5 +194,28 @@ impl AckWaitArgs {
     /// The ack wait (at least a second: a shorter one would redeliver live work).
     pub fn ack_wait(&self) -> Duration {
         Duration::from_secs(self.ack_wait_seconds.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_hours;
+
+    #[test]
+    fn hours_may_be_fractions_but_not_negative() {
+        for (text, hours) in [
+            ("168", Some(Duration::from_secs(168 * 3600))),
+            ("0", Some(Duration::ZERO)),
+            ("0.05", Some(Duration::from_secs(180))),
+            (" 2 ", Some(Duration::from_secs(7200))),
+            ("-1", None),
+            ("NaN", None),
+            ("1e300", None),
+            ("a day", None),
+        ] {
+            assert_eq!(parse_hours(text).ok(), hours, "{text:?}");
+        }
     }
 }

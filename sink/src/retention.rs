@@ -18,8 +18,8 @@ use crate::dialect::{Backend, sql, sqlite_timestamp};
 /// Ids deleted per statement, so a prune never holds a long transaction.
 pub const PRUNE_CHUNK: u64 = 10_000;
 
-/// How often the sink prunes. Each prune scans each table once (there is no index on their
-/// times, which would slow every batch's writes for an hourly delete).
+/// How often the sink prunes at most. Each prune scans each table once (there is no index on
+/// their times, which would slow every batch's writes for an hourly delete).
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Margin of the default retention past the stream's max age.
@@ -28,44 +28,62 @@ const MARGIN: Duration = Duration::from_secs(24 * 3600);
 /// A retention that would let a command the stream still holds apply twice.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error(
-    "an applied-id retention of {retention_hours} h is shorter than the commands stream keeps commands ({max_age}): \
+    "an applied-id retention of {retention} is shorter than the commands stream keeps commands ({max_age}): \
      a command still in the stream could apply twice (use at least the stream's max age, or 0 to keep ids forever)"
 )]
 pub struct RetentionTooShort {
-    /// The retention asked for, in hours.
-    pub retention_hours: u64,
+    /// The retention asked for, in hours: `24 h`.
+    pub retention: String,
     /// The stream's max age: `168 h`, or `forever`.
     pub max_age: String,
 }
 
+/// A duration in hours as the flags give them: `24 h`, `0.05 h`.
+fn in_hours(duration: Duration) -> String {
+    let hours = duration.as_secs_f64() / 3600.0;
+    if hours.fract() == 0.0 {
+        format!("{hours} h")
+    } else {
+        format!("{hours:.3} h")
+    }
+}
+
 /// The retention for `--applied-retention-hours` and a commands stream whose max age is
 /// `stream_max_age` (zero: it keeps commands forever): absent → the max age plus a day, or
-/// forever (`None`) for a stream that keeps commands forever; `0` → forever; shorter than the
-/// max age → refused.
+/// forever (`None`) for a stream that keeps commands forever; zero → forever; shorter than
+/// the max age → refused.
 pub fn applied_retention(
-    hours: Option<u64>,
+    asked: Option<Duration>,
     stream_max_age: Duration,
 ) -> Result<Option<Duration>, RetentionTooShort> {
     let forever = stream_max_age.is_zero();
-    match hours {
+    match asked {
         None if forever => Ok(None),
         None => Ok(Some(stream_max_age + MARGIN)),
-        Some(0) => Ok(None),
-        Some(hours) => {
-            let retention = Duration::from_secs(hours.saturating_mul(3600));
+        Some(retention) if retention.is_zero() => Ok(None),
+        Some(retention) => {
             if forever || retention < stream_max_age {
                 return Err(RetentionTooShort {
-                    retention_hours: hours,
+                    retention: in_hours(retention),
                     max_age: if forever {
                         "forever".to_owned()
                     } else {
-                        format!("{} h", stream_max_age.as_secs().div_ceil(3600))
+                        in_hours(stream_max_age)
                     },
                 });
             }
             Ok(Some(retention))
         }
     }
+}
+
+/// How often the sink prunes for `retention`: hourly ([`PRUNE_EVERY`]), or four times per
+/// retention when that is shorter (a retention of minutes), never more often than every
+/// 5 s.
+pub fn prune_every(retention: Duration) -> Duration {
+    PRUNE_EVERY
+        .min(retention / 4)
+        .max(Duration::from_secs(5))
 }
 
 /// A table of podstream's the sink prunes, and which of its rows may go.
@@ -181,10 +199,10 @@ impl Database {
         Ok(pruned)
     }
 
-    /// Prunes every [`PRUNE_EVERY`], the first time at once; runs until dropped. A failed
-    /// prune is logged and tried again next time: it never stops the sink.
+    /// Prunes every [`prune_every`] of `retention`, the first time at once; runs until
+    /// dropped. A failed prune is logged and tried again next time: it never stops the sink.
     pub async fn prune_periodically(self, retention: Duration) {
-        let mut every = tokio::time::interval(PRUNE_EVERY);
+        let mut every = tokio::time::interval(prune_every(retention));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
@@ -194,7 +212,7 @@ impl Database {
                     ti_pod = pruned.of(History::TiPod),
                     ti_owner = pruned.of(History::TiOwner),
                     duplicate = pruned.of(History::Duplicate),
-                    retention_hours = retention.as_secs() / 3600,
+                    retention = %in_hours(retention),
                     "pruned podstream's tables"
                 ),
                 Err(error) => {
@@ -211,31 +229,36 @@ mod tests {
 
     const WEEK: Duration = Duration::from_secs(168 * 3600);
 
-    /// The retention table, for a stream kept a week and one kept forever (max age 0).
+    /// The retention table, for a stream kept a week, one kept forever (max age 0), and a
+    /// soak's compressed one of three minutes.
     #[test]
     fn retention_table() {
         let hours = |h: u64| Some(Duration::from_secs(h * 3600));
-        let too_short = |retention_hours: u64, max_age: &str| {
+        let too_short = |retention: &str, max_age: &str| {
             Err(RetentionTooShort {
-                retention_hours,
+                retention: retention.to_owned(),
                 max_age: max_age.to_owned(),
             })
         };
+        let minutes = |m: u64| Duration::from_secs(m * 60);
         type Case = (
-            Option<u64>,
+            Option<Duration>,
             Duration,
             Result<Option<Duration>, RetentionTooShort>,
         );
-        let cases: [Case; 9] = [
+        let cases: [Case; 12] = [
             (None, WEEK, Ok(hours(192))),
-            (Some(0), WEEK, Ok(None)),
-            (Some(168), WEEK, Ok(hours(168))),
-            (Some(1000), WEEK, Ok(hours(1000))),
-            (Some(24), WEEK, too_short(24, "168 h")),
+            (hours(0), WEEK, Ok(None)),
+            (hours(168), WEEK, Ok(hours(168))),
+            (hours(1000), WEEK, Ok(hours(1000))),
+            (hours(24), WEEK, too_short("24 h", "168 h")),
             (None, Duration::ZERO, Ok(None)),
-            (Some(0), Duration::ZERO, Ok(None)),
-            (Some(24), Duration::ZERO, too_short(24, "forever")),
-            (Some(100_000), Duration::ZERO, too_short(100_000, "forever")),
+            (hours(0), Duration::ZERO, Ok(None)),
+            (hours(24), Duration::ZERO, too_short("24 h", "forever")),
+            (hours(100_000), Duration::ZERO, too_short("100000 h", "forever")),
+            (Some(minutes(6)), minutes(3), Ok(Some(minutes(6)))),
+            (Some(minutes(2)), minutes(3), too_short("0.033 h", "0.050 h")),
+            (None, minutes(3), Ok(Some(minutes(3) + MARGIN))),
         ];
         for (asked, max_age, want) in cases {
             assert_eq!(
@@ -244,5 +267,13 @@ mod tests {
                 "asked {asked:?} for {max_age:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_short_retention_is_pruned_within_it() {
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        assert_eq!(prune_every(WEEK), PRUNE_EVERY);
+        assert_eq!(prune_every(minutes(6)), Duration::from_secs(90));
+        assert_eq!(prune_every(Duration::from_secs(8)), Duration::from_secs(5));
     }
 }

@@ -53,10 +53,10 @@ pub struct SinkConfig {
     /// How long the consumer waits for a command's ack before redelivering it: how soon a
     /// crashed sink's commands are applied by another (held ones get progress acks).
     pub ack_wait: Duration,
-    /// Hours `podstream_applied` keeps command ids, as `--applied-retention-hours`: `None`
-    /// the commands stream's max age plus a day, `0` forever; checked against the stream's
-    /// actual max age at start ([`crate::retention::applied_retention`]).
-    pub applied_retention_hours: Option<u64>,
+    /// How long `podstream_applied` keeps command ids, as `--applied-retention-hours`:
+    /// `None` the commands stream's max age plus a day, zero forever; checked against the
+    /// stream's actual max age at start ([`crate::retention::applied_retention`]).
+    pub applied_retention: Option<Duration>,
     /// Readiness: the consumer bound, the database answering.
     pub health: Health,
 }
@@ -70,7 +70,7 @@ impl Default for SinkConfig {
             batch_wait: Duration::ZERO,
             connections: DEFAULT_CONNECTIONS,
             ack_wait: podstream_bus::config::default_ack_wait(),
-            applied_retention_hours: None,
+            applied_retention: None,
             health: Health::new(),
         }
     }
@@ -150,7 +150,7 @@ pub async fn run(
     .await?;
     // Ids are kept at least as long as the stream as it is keeps commands, whoever set it.
     let applied_retention =
-        crate::retention::applied_retention(config.applied_retention_hours, commands.max_age)?;
+        crate::retention::applied_retention(config.applied_retention, commands.max_age)?;
     streams::ensure(
         &js,
         streams::stream_config(&subjects, Stream::DeadLetters, &config.bus.streams),

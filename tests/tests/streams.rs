@@ -129,11 +129,12 @@ async fn a_stream_capped_in_bytes_drops_its_oldest_messages() {
 }
 
 async fn sink_with(nats: &NatsServer, retention_hours: Option<u64>) -> anyhow::Result<()> {
+    let applied_retention = retention_hours.map(|hours| Duration::from_secs(hours * 3600));
     let target = AirflowDb::sqlite(Airflow::oldest());
     let db = Database::connect(&target.url).await.unwrap();
     let config = SinkConfig {
         bus: BusConfig::at(&nats.url()),
-        applied_retention_hours: retention_hours,
+        applied_retention,
         ..SinkConfig::default()
     };
     // A sink that starts runs until stopped: stop it once it is pulling.
