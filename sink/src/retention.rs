@@ -81,9 +81,7 @@ pub fn applied_retention(
 /// retention when that is shorter (a retention of minutes), never more often than every
 /// 5 s.
 pub fn prune_every(retention: Duration) -> Duration {
-    PRUNE_EVERY
-        .min(retention / 4)
-        .max(Duration::from_secs(5))
+    PRUNE_EVERY.min(retention / 4).max(Duration::from_secs(5))
 }
 
 /// A table of podstream's the sink prunes, and which of its rows may go.
@@ -255,9 +253,17 @@ mod tests {
             (None, Duration::ZERO, Ok(None)),
             (hours(0), Duration::ZERO, Ok(None)),
             (hours(24), Duration::ZERO, too_short("24 h", "forever")),
-            (hours(100_000), Duration::ZERO, too_short("100000 h", "forever")),
+            (
+                hours(100_000),
+                Duration::ZERO,
+                too_short("100000 h", "forever"),
+            ),
             (Some(minutes(6)), minutes(3), Ok(Some(minutes(6)))),
-            (Some(minutes(2)), minutes(3), too_short("0.033 h", "0.050 h")),
+            (
+                Some(minutes(2)),
+                minutes(3),
+                too_short("0.033 h", "0.050 h"),
+            ),
             (None, minutes(3), Ok(Some(minutes(3) + MARGIN))),
         ];
         for (asked, max_age, want) in cases {
