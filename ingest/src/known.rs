@@ -121,12 +121,57 @@ pub type UidSet = HashSet<String, FastHash>;
 /// Deleted pods remembered (uid → deletion revision), so a late copy of the delete is skipped.
 const TOMBSTONES: usize = 65_536;
 
+/// The deletion revisions of the last `capacity` objects deleted, by uid: a late copy of a
+/// deleted object's events is skipped, and memory stays bounded.
+#[derive(Debug, Clone)]
+pub struct Tombstones {
+    revisions: HashMap<String, String, FastHash>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl Tombstones {
+    /// Remembers at most `capacity` deletions, forgetting the oldest first.
+    pub fn new(capacity: usize) -> Tombstones {
+        Tombstones {
+            revisions: HashMap::default(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// The revision `uid` was deleted at, if it is remembered.
+    pub fn get(&self, uid: &str) -> Option<&String> {
+        self.revisions.get(uid)
+    }
+
+    /// Remembers that `uid` was deleted at `rv`.
+    pub fn bury(&mut self, uid: String, rv: String) {
+        if self.revisions.insert(uid.clone(), rv).is_none() {
+            self.order.push_back(uid);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.revisions.remove(&oldest);
+            }
+        }
+    }
+}
+
 /// The last published event of every pod the ingest knows.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct KnownPods {
     pods: HashMap<String, Last, FastHash>,
-    tombstones: HashMap<String, String, FastHash>,
-    tombstone_order: VecDeque<String>,
+    tombstones: Tombstones,
+}
+
+impl Default for KnownPods {
+    fn default() -> Self {
+        KnownPods {
+            pods: HashMap::default(),
+            tombstones: Tombstones::new(TOMBSTONES),
+        }
+    }
 }
 
 /// Whether revision `candidate` is not newer than `last`: integers compared as such, anything
@@ -223,7 +268,7 @@ impl KnownPods {
         let msg_id = msg_id(&event, Role::Event);
         if event.r#type() == EventType::Deleted {
             self.pods.remove(&key);
-            self.bury(key, event.resource_version.clone());
+            self.tombstones.bury(key, event.resource_version.clone());
         } else {
             self.pods.insert(key, Last::of(&event, payload.clone()));
         }
@@ -250,17 +295,6 @@ impl KnownPods {
             && last.rv == out.event.resource_version
         {
             last.sequence = Some(sequence);
-        }
-    }
-
-    fn bury(&mut self, uid: String, rv: String) {
-        if self.tombstones.insert(uid.clone(), rv).is_none() {
-            self.tombstone_order.push_back(uid);
-        }
-        while self.tombstone_order.len() > TOMBSTONES {
-            if let Some(oldest) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&oldest);
-            }
         }
     }
 
@@ -297,7 +331,8 @@ impl KnownPods {
             event.synthesized = true;
             event.previous_sequence = last.sequence;
             event.resource_version = next_revision(&event.resource_version);
-            self.bury(key.clone(), event.resource_version.clone());
+            self.tombstones
+                .bury(key.clone(), event.resource_version.clone());
             out.push(Outgoing {
                 subject: subjects.pod_events(&event.owner, &key),
                 msg_id: msg_id(&event, Role::Event),

@@ -8,7 +8,7 @@
 //! [`watch_spark`]. Spark objects are few (one driver per running Spark task), so they are
 //! read whole as JSON and kept without the care the worker pods' maps take over memory.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use futures::{StreamExt, stream::BoxStream};
@@ -21,7 +21,7 @@ use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkEvent};
 use prost::Message as _;
 
-use crate::known::{next_revision, not_newer};
+use crate::known::{Tombstones, next_revision, not_newer};
 use crate::listing::ListInput;
 use crate::spark_projection::{DRIVER_SELECTOR, project_spark};
 
@@ -101,11 +101,19 @@ fn outgoing(subjects: &Subjects, event: SparkEvent) -> SparkOutgoing {
 const TOMBSTONES: usize = 4_096;
 
 /// The last published event of every Spark object the ingest knows.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KnownSpark {
     objects: HashMap<String, SparkEvent>,
-    tombstones: HashMap<String, String>,
-    tombstone_order: VecDeque<String>,
+    tombstones: Tombstones,
+}
+
+impl Default for KnownSpark {
+    fn default() -> Self {
+        KnownSpark {
+            objects: HashMap::new(),
+            tombstones: Tombstones::new(TOMBSTONES),
+        }
+    }
 }
 
 impl KnownSpark {
@@ -153,22 +161,11 @@ impl KnownSpark {
         }
         if event.r#type() == EventType::Deleted {
             self.objects.remove(&uid);
-            self.bury(uid, event.resource_version.clone());
+            self.tombstones.bury(uid, event.resource_version.clone());
         } else {
             self.objects.insert(uid, event.clone());
         }
         Some(outgoing(subjects, event))
-    }
-
-    fn bury(&mut self, uid: String, rv: String) {
-        if self.tombstones.insert(uid.clone(), rv).is_none() {
-            self.tombstone_order.push_back(uid);
-        }
-        while self.tombstone_order.len() > TOMBSTONES {
-            if let Some(oldest) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&oldest);
-            }
-        }
     }
 
     /// After a (re-)list of `kind` in `scope` (a namespace, or all for `None`): a synthesized
@@ -199,7 +196,7 @@ impl KnownSpark {
             event.set_type(EventType::Deleted);
             event.synthesized = true;
             event.resource_version = next_revision(&event.resource_version);
-            self.bury(uid, event.resource_version.clone());
+            self.tombstones.bury(uid, event.resource_version.clone());
             out.push(outgoing(subjects, event));
         }
         out

@@ -61,8 +61,21 @@ fn is_plain(byte: u8) -> bool {
 
 /// Encodes any string as exactly one valid subject token.
 pub fn encode_token(value: &str) -> String {
+    escaped(value, '~')
+}
+
+/// Encodes any string as one token of a KV key (whose characters are fewer than a
+/// subject's: no `~`): letters, digits, `-` and `_` stay, every other byte becomes `=XX`; the
+/// empty string is `=`.
+pub fn encode_key_token(value: &str) -> String {
+    escaped(value, '=')
+}
+
+/// `value` with every byte outside the plain alphabet as `escape` and two upper-case hex
+/// digits; the empty string is `escape` alone.
+fn escaped(value: &str, escape: char) -> String {
     if value.is_empty() {
-        return "~".to_owned();
+        return escape.to_string();
     }
     if value.bytes().all(is_plain) {
         return value.to_owned();
@@ -72,26 +85,7 @@ pub fn encode_token(value: &str) -> String {
         if is_plain(byte) {
             token.push(char::from(byte));
         } else {
-            token.push('~');
-            token.push_str(&format!("{byte:02X}"));
-        }
-    }
-    token
-}
-
-/// Encodes any string as one token of a KV key (whose characters are fewer than a
-/// subject's: no `~`): letters, digits, `-` and `_` stay, every other byte becomes `=XX`; the
-/// empty string is `=`.
-pub fn encode_key_token(value: &str) -> String {
-    if value.is_empty() {
-        return "=".to_owned();
-    }
-    let mut token = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if is_plain(byte) {
-            token.push(char::from(byte));
-        } else {
-            token.push('=');
+            token.push(escape);
             token.push_str(&format!("{byte:02X}"));
         }
     }

@@ -1032,6 +1032,31 @@ async fn a_database_slower_than_the_ack_wait_causes_no_redelivery() {
     assert_eq!(states(&db).await, expected_states());
 }
 
+/// While the database refuses: nothing is dead-lettered, and the sink holds every command
+/// unacked.
+async fn every_command_held(
+    js: &jetstream::Context,
+    consumer: &mut jetstream::consumer::PullConsumer,
+    what: &str,
+) {
+    let dead = js
+        .get_stream("PODSTREAM_DEAD")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(dead, 0, "{what}: nothing is dead-lettered");
+    let info = consumer.info().await.unwrap().clone();
+    assert_eq!(
+        info.num_ack_pending,
+        commands().len(),
+        "{what}: nothing is acked: {info:?}"
+    );
+}
+
 /// A database that refuses every write (a renamed column, a privilege revoked, then a
 /// failover onto a read-only server) is an outage, not bad commands: while it lasts nothing
 /// is dead-lettered, acked or applied, and when it is undone every command applies once. The
@@ -1069,22 +1094,7 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
         let mut consumer = consumer.clone();
         async move {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let dead = js
-                .get_stream("PODSTREAM_DEAD")
-                .await
-                .unwrap()
-                .info()
-                .await
-                .unwrap()
-                .state
-                .messages;
-            assert_eq!(dead, 0, "{what}: nothing is dead-lettered");
-            let info = consumer.info().await.unwrap().clone();
-            assert_eq!(
-                info.num_ack_pending,
-                commands().len(),
-                "{what}: nothing is acked: {info:?}"
-            );
+            every_command_held(&js, &mut consumer, what).await;
             let applied = count(
                 &db,
                 "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied",
@@ -1208,22 +1218,7 @@ async fn a_read_only_sqlite_file_loses_no_command() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let logged = || std::fs::read_to_string(dir.join("sink.err")).unwrap_or_default();
     assert!(sink.try_wait().unwrap().is_none(), "{}", logged());
-    let dead = js
-        .get_stream("PODSTREAM_DEAD")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
-    assert_eq!(dead, 0, "nothing is dead-lettered");
-    let info = consumer.info().await.unwrap().clone();
-    assert_eq!(
-        info.num_ack_pending,
-        commands().len(),
-        "nothing is acked: {info:?}"
-    );
+    every_command_held(&js, &mut consumer, "a read-only file").await;
     assert!(logged().contains("readonly"), "{}", logged());
 
     // Once writable, everything is applied and then acked. (The database is read here only

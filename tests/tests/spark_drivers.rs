@@ -101,6 +101,29 @@ fn create_driver(sim: &Sim, driver: &Driver<'_>) {
     }
 }
 
+/// A SparkApplication `name` whose status says the Spark operator tracks driver `named`.
+fn create_application(sim: &Sim, name: &str, named: &str) {
+    let cluster = sim.server.cluster();
+    let spark = cluster
+        .served()
+        .find("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+        .unwrap();
+    cluster
+        .create(
+            spark,
+            NS,
+            json!({
+                "apiVersion": "sparkoperator.k8s.io/v1beta2",
+                "kind": "SparkApplication",
+                "metadata": { "name": name, "namespace": NS },
+                "spec": { "type": "Python", "mode": "cluster" },
+                "status": { "driverInfo": { "podName": named } },
+            }),
+            false,
+        )
+        .unwrap();
+}
+
 /// The driver the provider's own `find_spark_job` reattaches to, for each task.
 async fn ask_provider(sim: &Sim, tasks: &[String]) -> Vec<Option<String>> {
     ask_operator(sim, tasks, "stock", None).await
@@ -287,26 +310,8 @@ async fn where_the_application_names_an_older_driver_podstream_and_stock_differ(
             ("gone-driver-3", "gone-driver-3", "spark_pod_facts"),
         ),
     ];
-    let cluster = stage.server.cluster();
-    let spark = cluster
-        .served()
-        .find("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
-        .unwrap();
     for (task, named, drivers, _) in &scenarios {
-        cluster
-            .create(
-                spark,
-                NS,
-                json!({
-                    "apiVersion": "sparkoperator.k8s.io/v1beta2",
-                    "kind": "SparkApplication",
-                    "metadata": { "name": task, "namespace": NS },
-                    "spec": { "type": "Python", "mode": "cluster" },
-                    "status": { "driverInfo": { "podName": named } },
-                }),
-                false,
-            )
-            .unwrap();
+        create_application(&stage, task, named);
         for driver in drivers {
             create_driver(&stage, driver);
         }
@@ -480,24 +485,7 @@ async fn the_pipeline_keeps_each_jobs_driver_and_survives_an_ingest_restart() {
     );
     let at = |i: usize| CREATED[i].0;
     let cluster = stage.server.cluster();
-    let spark = cluster
-        .served()
-        .find("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
-        .unwrap();
-    cluster
-        .create(
-            spark,
-            NS,
-            json!({
-                "apiVersion": "sparkoperator.k8s.io/v1beta2",
-                "kind": "SparkApplication",
-                "metadata": { "name": "crunch", "namespace": NS },
-                "spec": { "type": "Python", "mode": "cluster" },
-                "status": { "driverInfo": { "podName": "crunch-driver" } },
-            }),
-            false,
-        )
-        .unwrap();
+    create_application(&stage, "crunch", "crunch-driver");
     for (name, phase, created_at) in [
         ("crunch-driver", "Running", at(0)),
         ("crunch-driver-2", "Pending", at(1)),

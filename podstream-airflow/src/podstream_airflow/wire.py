@@ -45,24 +45,22 @@ def decode_command(payload: bytes) -> Any:
 
 def encode_token(value: str) -> str:
     """One subject token for any string, as podstream encodes it (``proto/src/subject.rs``)."""
-    if not value:
-        return "~"
-    if _PLAIN.fullmatch(value):
-        return value
-    return "".join(
-        chr(byte) if _PLAIN.fullmatch(chr(byte)) else f"~{byte:02X}" for byte in value.encode()
-    )
+    return _escaped(value, "~")
 
 
 def encode_key_token(value: str) -> str:
     """One KV-key token for any string, as podstream encodes it (``encode_key_token`` in
     ``proto/src/subject.rs``): plain characters stay, every other byte is ``=XX``."""
+    return _escaped(value, "=")
+
+
+def _escaped(value: str, escape: str) -> str:
     if not value:
-        return "="
+        return escape
     if _PLAIN.fullmatch(value):
         return value
     return "".join(
-        chr(byte) if _PLAIN.fullmatch(chr(byte)) else f"={byte:02X}" for byte in value.encode()
+        chr(byte) if _PLAIN.fullmatch(chr(byte)) else f"{escape}{byte:02X}" for byte in value.encode()
     )
 
 
