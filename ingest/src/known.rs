@@ -19,6 +19,7 @@ use std::hash::BuildHasher;
 
 use bytes::Bytes;
 use podstream_proto::PodEvent;
+use podstream_proto::revision::is_newer;
 use podstream_proto::subject::Subjects;
 use podstream_proto::v1::EventType;
 use prost::Message as _;
@@ -174,14 +175,6 @@ impl Default for KnownPods {
     }
 }
 
-/// Whether revision `candidate` is not newer than `last`: integers compared as such, anything
-/// else only for equality.
-pub fn not_newer(candidate: &str, last: &str) -> bool {
-    match (candidate.parse::<u64>(), last.parse::<u64>()) {
-        (Ok(c), Ok(l)) => c <= l,
-        _ => candidate == last,
-    }
-}
 
 impl KnownPods {
     /// Knows nothing.
@@ -235,8 +228,8 @@ impl KnownPods {
         let last = self.pods.get(&key);
         let buried = self.tombstones.get(&key);
         // A revision is one fact: published once, whoever sees it again; older ones are history.
-        if last.is_some_and(|last| not_newer(&event.resource_version, &last.rv))
-            || buried.is_some_and(|gone| not_newer(&event.resource_version, gone))
+        if last.is_some_and(|last| !is_newer(&event.resource_version, &last.rv))
+            || buried.is_some_and(|gone| !is_newer(&event.resource_version, gone))
         {
             return Vec::new();
         }

@@ -16,12 +16,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 use podstream_bus::dead::DeadLetter;
+use podstream_proto::revision::is_newer;
 use podstream_proto::subject::{SparkKind, Stage, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkEvent};
 use prost::Message as _;
 
-use crate::known::{Tombstones, next_revision, not_newer};
+use crate::known::{Tombstones, next_revision};
 use crate::listing::ListInput;
 use crate::spark_projection::{DRIVER_SELECTOR, project_spark};
 
@@ -144,11 +145,11 @@ impl KnownSpark {
     pub fn observe(&mut self, subjects: &Subjects, mut event: SparkEvent) -> Option<SparkOutgoing> {
         let uid = identity(&event).2.to_owned();
         let last = self.objects.get(&uid);
-        if last.is_some_and(|last| not_newer(&event.resource_version, &last.resource_version))
+        if last.is_some_and(|last| !is_newer(&event.resource_version, &last.resource_version))
             || self
                 .tombstones
                 .get(&uid)
-                .is_some_and(|gone| not_newer(&event.resource_version, gone))
+                .is_some_and(|gone| !is_newer(&event.resource_version, gone))
         {
             return None;
         }

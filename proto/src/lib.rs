@@ -7,8 +7,10 @@
 //! - [`line`]: the JSON line form of a command, `podstream decide`'s output
 //!   (contract.md §1).
 //! - [`task`]: conveniences on the TI key and pod reference.
+//! - [`revision`]: the order of resourceVersions.
 
 pub mod line;
+pub mod revision;
 pub mod subject;
 pub mod task;
 
