@@ -175,7 +175,6 @@ impl Default for KnownPods {
     }
 }
 
-
 impl KnownPods {
     /// Knows nothing.
     pub fn new() -> KnownPods {

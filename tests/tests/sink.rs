@@ -1170,7 +1170,8 @@ async fn a_database_that_refuses_every_write_loses_no_command() {
 /// A SQLite file the sink may only read (a file left read-only after a restore, a volume
 /// mounted read-only) is an outage too: nothing is dead-lettered or acked while it lasts, and
 /// once the file is writable again every command applies once, over a fresh connection (one
-/// opened read-only stays so). `podstream sink` runs as `nobody`: root ignores a file's mode.
+/// opened read-only stays so). `podstream sink` runs as `nobody` when the tests run as root,
+/// who ignores a file's mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_sqlite_file_loses_no_command() {
     use std::os::unix::fs::{PermissionsExt as _, chown};
@@ -1181,18 +1182,26 @@ async fn a_read_only_sqlite_file_loses_no_command() {
     let (target, db) = prepared(Airflow::line("3.1"), false, "read-only").await;
     db.pool.close().await;
     let path = std::path::PathBuf::from(target.url.trim_start_matches("sqlite://"));
-    let nobody = std::process::Command::new("id")
-        .args(["-u", "nobody"])
-        .output()
-        .unwrap();
-    let nobody: u32 = String::from_utf8_lossy(&nobody.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    let id = |args: &[&str]| -> u32 {
+        let output = std::process::Command::new("id")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Root ignores a file's mode: as root, the sink runs as `nobody`, owning the files.
+    let (user, group) = if id(&["-u"]) == 0 {
+        (id(&["-u", "nobody"]), id(&["-g", "nobody"]))
+    } else {
+        (id(&["-u"]), id(&["-g"]))
+    };
     let dir = path.parent().unwrap();
-    chown(dir, Some(nobody), Some(nobody)).unwrap();
+    chown(dir, Some(user), Some(group)).unwrap();
     for file in std::fs::read_dir(dir).unwrap() {
-        chown(file.unwrap().path(), Some(nobody), Some(nobody)).unwrap();
+        chown(file.unwrap().path(), Some(user), Some(group)).unwrap();
     }
     // The database's files, as an operator's `chmod 444 airflow.db*` sets them (SQLite makes
     // its -wal and -shm files with the database file's mode).
@@ -1207,8 +1216,8 @@ async fn a_read_only_sqlite_file_loses_no_command() {
     mode(0o444);
     let mut sink = std::process::Command::new(podstream_tests::podstream_binary())
         .args(["sink", "--nats", &nats.url(), "--db", &target.url])
-        .uid(nobody)
-        .gid(nobody)
+        .uid(user)
+        .gid(group)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(dir.join("sink.err")).unwrap())
         .spawn()
