@@ -1,0 +1,309 @@
+//! `podstream decide` (release build, its own process) beside Airflow's own watcher code, over
+//! the same file of Airflow-shaped pod watch events, in one run.
+//!
+//! `cargo bench -p podstream-tests --bench decide_vs_airflow`:
+//! 1. 50,000 watch events (~1 KB each: worker pods going Pending → Running → Succeeded or
+//!    Failed, some relabelled, some deleted, a few TIs with a second pod) into a file;
+//! 2. Airflow's watcher code (`airflow_watcher.py`, in the newest Airflow venv): the Python
+//!    client's deserialization and `KubernetesJobWatcher.process_status` per event, imports and
+//!    file reading outside its clock;
+//! 3. `podstream decide FILE > FILE.out`, wall clock and peak resident memory (of the process
+//!    alone: a wrapper process, this bench's own binary, waits for it and reads its rusage);
+//! 4. the ratio, and `decide`'s peak resident memory over 200,000 events.
+//!
+//! Rounds alternate between the two, so a slow moment of the machine hits both. Without
+//! `--bench` (as `cargo test --all-targets` runs it) it does a small smoke run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use nix::sys::resource::{UsageWho, getrusage};
+use podstream_tests::airflow::Airflow;
+use serde_json::{Value, json};
+
+/// The wrapper's first argument: run the rest as a child, report its time and peak memory.
+const MEASURE_CHILD: &str = "--measure-child";
+
+/// A small deterministic generator, so every run decides the same stream.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// A worker pod as the KubernetesExecutor makes it and the API server reports it.
+fn pod(uid: usize, ti: usize, owner: u64, phase: &str, rv: usize, deleting: bool) -> Value {
+    let task = format!("transform_{ti:06}");
+    let state = match phase {
+        "Running" => json!({"running": {"startedAt": "2026-11-30T10:00:05Z"}}),
+        "Succeeded" => json!({"terminated": {"exitCode": 0, "reason": "Completed",
+            "startedAt": "2026-11-30T10:00:05Z", "finishedAt": "2026-11-30T10:04:12Z"}}),
+        "Failed" => json!({"terminated": {"exitCode": 1, "reason": "Error",
+            "startedAt": "2026-11-30T10:00:05Z", "finishedAt": "2026-11-30T10:04:12Z"}}),
+        _ => json!({"waiting": {"reason": "ContainerCreating"}}),
+    };
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("nightly-etl-{task}-{uid:08x}"),
+            "namespace": "airflow",
+            "uid": format!("6f1c2b4e-0d3a-4c55-9e7a-{uid:012x}"),
+            "resourceVersion": rv.to_string(),
+            "creationTimestamp": "2026-11-30T10:00:00Z",
+            "labels": {
+                "airflow-worker": owner.to_string(), "airflow_version": "3.1.8",
+                "dag_id": "nightly_etl", "task_id": task,
+                "run_id": "scheduled__2026-11-30T1000000000-2c9f1e07a", "try_number": "1",
+                "kubernetes_executor": "True",
+            },
+            "annotations": {
+                "dag_id": "nightly_etl", "task_id": task,
+                "run_id": "scheduled__2026-11-30T10:00:00+00:00", "try_number": "1",
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": "airflow-worker",
+            "nodeName": format!("worker-node-{}", uid % 7),
+            "containers": [{
+                "name": "base",
+                "image": "apache/airflow:3.1.8",
+                "args": ["airflow", "tasks", "run", "nightly_etl", task,
+                         "scheduled__2026-11-30T10:00:00+00:00", "--local"],
+                "env": [{"name": "AIRFLOW_IS_K8S_EXECUTOR_POD", "value": "True"}],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+            }],
+        },
+        "status": {
+            "phase": phase,
+            "hostIP": "10.0.3.17",
+            "podIP": format!("10.244.{}.{}", uid % 200, uid % 250),
+            "startTime": "2026-11-30T10:00:01Z",
+            "containerStatuses": [{
+                "name": "base", "image": "apache/airflow:3.1.8", "imageID": "",
+                "ready": phase == "Running", "restartCount": 0, "state": state,
+            }],
+        },
+    });
+    if deleting {
+        pod["metadata"]["deletionTimestamp"] = json!("2026-11-30T10:30:00Z");
+    }
+    pod
+}
+
+/// `count` watch events as lines of `path`; returns their mean size in bytes.
+fn write_events(path: &Path, count: usize) -> usize {
+    let mut out = BufWriter::new(File::create(path).unwrap());
+    let mut rng = Lcg(42);
+    let (mut written, mut bytes, mut rv, mut uid, mut ti) = (0, 0, 1000, 0, 0);
+    while written < count {
+        ti += 1;
+        let pods = if rng.below(100) == 0 { 2 } else { 1 };
+        for _ in 0..pods {
+            uid += 1;
+            let mut owner = 1 + rng.below(3);
+            let mut steps = vec![("ADDED", "Pending", owner, false)];
+            steps.push(("MODIFIED", "Pending", owner, false));
+            steps.push(("MODIFIED", "Running", owner, false));
+            if rng.below(20) == 0 {
+                owner = owner % 3 + 1;
+                steps.push(("MODIFIED", "Running", owner, false));
+            }
+            let end = if rng.below(5) == 0 {
+                "Failed"
+            } else {
+                "Succeeded"
+            };
+            steps.push(("MODIFIED", end, owner, false));
+            if rng.below(2) == 0 {
+                steps.push(("MODIFIED", end, owner, true));
+                steps.push(("DELETED", end, owner, true));
+            }
+            for (kind, phase, owner, deleting) in steps {
+                if written == count {
+                    break;
+                }
+                rv += 1;
+                let line =
+                    json!({"type": kind, "object": pod(uid, ti, owner, phase, rv, deleting)})
+                        .to_string();
+                bytes += line.len() + 1;
+                writeln!(out, "{line}").unwrap();
+                written += 1;
+            }
+        }
+    }
+    out.flush().unwrap();
+    bytes / count.max(1)
+}
+
+/// One timed run of a process.
+struct Run {
+    seconds: f64,
+    peak_rss_mb: f64,
+}
+
+/// Runs `podstream decide events` through the wrapper; returns its time, its peak memory and
+/// the number of lines it wrote.
+fn decide(binary: &Path, events: &Path) -> (Run, usize) {
+    let out_path = events.with_extension("out");
+    let output = Command::new(std::env::current_exe().unwrap())
+        .arg(MEASURE_CHILD)
+        .arg(&out_path)
+        .arg(binary)
+        .arg("decide")
+        .arg(events)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "decide failed: {output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let lines = BufReader::new(File::open(&out_path).unwrap()).lines();
+    let mut commands = 0;
+    for line in lines {
+        let line = line.unwrap();
+        assert!(
+            !line.contains("\"invalid\""),
+            "decide found an invalid event: {line}"
+        );
+        commands += 1;
+    }
+    let run = Run {
+        seconds: report["seconds"].as_f64().unwrap(),
+        peak_rss_mb: report["peak_rss_kb"].as_f64().unwrap() / 1024.0,
+    };
+    (run, commands)
+}
+
+/// The wrapper: runs `program args...` with its standard output to `out`, prints the seconds
+/// it took and its peak resident memory (this process has no other child).
+fn measure_child(out: &str, program: &str, args: &[String]) {
+    let start = Instant::now();
+    let status = Command::new(program)
+        .args(args)
+        .stdout(File::create(out).unwrap())
+        .stderr(Stdio::inherit())
+        .env("RUST_LOG", "warn")
+        .status()
+        .unwrap();
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(status.success(), "{program} failed: {status}");
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).unwrap();
+    // Linux reports ru_maxrss in KiB.
+    println!(
+        "{}",
+        json!({"seconds": seconds, "peak_rss_kb": usage.max_rss()})
+    );
+}
+
+/// Airflow's watcher code over `events`, in the venv of `airflow`.
+fn airflow_watcher(airflow: Airflow, home: &Path, events: &Path) -> (Run, Value) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/airflow_watcher.py");
+    let output = airflow
+        .python(home)
+        .arg(script)
+        .arg(events)
+        .env("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the Airflow watcher failed: {output:?}"
+    );
+    // Airflow may print notices first; the report is the last line.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("the Airflow watcher's report {last:?}: {e}"));
+    let run = Run {
+        seconds: report["seconds"].as_f64().unwrap(),
+        peak_rss_mb: 0.0,
+    };
+    (run, report)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(MEASURE_CHILD) {
+        measure_child(&args[2], &args[3], &args[4..]);
+        return;
+    }
+    let measuring = args.iter().any(|a| a == "--bench");
+    let (events, memory_events, rounds) = if measuring {
+        (50_000, 200_000, 3)
+    } else {
+        (2_000, 4_000, 1)
+    };
+    let binary = podstream_tests::bench_binary(measuring);
+    let airflow = Airflow::newest();
+    airflow
+        .installed()
+        .unwrap_or_else(|e| panic!("scripts/setup.sh installs Airflow: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.jsonl");
+    let size = write_events(&file, events);
+    println!("{events} watch events, {size} bytes each on average");
+
+    let (mut airflow_rates, mut decide_rates) = (Vec::new(), Vec::new());
+    let mut versions = Value::Null;
+    for round in 1..=rounds {
+        let (run, report) = airflow_watcher(airflow, dir.path(), &file);
+        assert_eq!(
+            report["events"],
+            json!(events),
+            "the watcher read every event"
+        );
+        assert!(
+            report["queued"].as_u64().unwrap() > 0,
+            "the watcher reported states"
+        );
+        airflow_rates.push(events as f64 / run.seconds);
+        versions = json!({"airflow": report["airflow"], "provider": report["provider"]});
+        let (run, commands) = decide(&binary, &file);
+        assert!(commands > 0, "decide wrote commands");
+        decide_rates.push(events as f64 / run.seconds);
+        println!(
+            "round {round}: Airflow's watcher {:.0} events/s, podstream decide {:.0} events/s \
+             ({commands} commands, peak {:.1} MB): {:.1}x",
+            airflow_rates[round - 1],
+            decide_rates[round - 1],
+            run.peak_rss_mb,
+            decide_rates[round - 1] / airflow_rates[round - 1],
+        );
+    }
+    let (airflow_rate, decide_rate) = (median(airflow_rates), median(decide_rates));
+    println!(
+        "median: Airflow's watcher ({} with provider {}) {airflow_rate:.0} events/s, \
+         podstream decide {decide_rate:.0} events/s: {:.1}x",
+        versions["airflow"],
+        versions["provider"],
+        decide_rate / airflow_rate
+    );
+
+    let big = dir.path().join("memory.jsonl");
+    write_events(&big, memory_events);
+    let (run, _) = decide(&binary, &big);
+    println!(
+        "decide over {memory_events} events: peak resident {:.1} MB, {:.0} events/s",
+        run.peak_rss_mb,
+        memory_events as f64 / run.seconds
+    );
+}
