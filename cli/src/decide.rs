@@ -12,11 +12,14 @@ use podstream_ingest::watch_json::{WatchItem, read_json};
 use podstream_processor::spark::SparkJobs;
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::line::CommandLine;
-use podstream_proto::v1::{PodRef, SparkEvent};
+use podstream_proto::v1::{PodEvent, PodRef, SparkEvent};
 use tracing::{debug, info, warn};
 
-use crate::json_stream::{Frame, JsonFrames};
+use crate::json_stream::{Frame, JsonFrames, Next};
 use crate::spark_json::spark_items;
+
+/// How much input `decide` reads at once: a few hundred events per read, not eight.
+const INPUT_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Arguments of `podstream decide`.
 #[derive(Debug, clap::Args)]
@@ -77,7 +80,7 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
     };
     let stdout = io::stdout();
     let summary = decide_stream(
-        BufReader::new(input),
+        BufReader::with_capacity(INPUT_BUFFER_BYTES, input),
         &mut stdout.lock(),
         args.rules.rules(),
     )?;
@@ -102,10 +105,15 @@ pub fn decide_stream<R: Read>(
     let mut summary = Summary::default();
     let mut out = io::BufWriter::new(out);
     let mut frames = JsonFrames::new(input);
-    while let Some(frame) = frames.next() {
-        let value = match frame.context("cannot read input")? {
-            Frame::Value(value) => value,
-            Frame::Invalid(error) => {
+    while let Some(read) = frames.next_with(worker_pod_event) {
+        let value = match read.context("cannot read input")? {
+            Next::Fast(event) => {
+                decide_one(&mut processor, Ok(event), &mut out, &mut summary)?;
+                flush_when_idle(&frames, &mut out)?;
+                continue;
+            }
+            Next::Frame(Frame::Value(value)) => value,
+            Next::Frame(Frame::Invalid(error)) => {
                 warn!(%error, "skipping input that is not JSON");
                 write_line(
                     &mut out,
@@ -134,13 +142,32 @@ pub fn decide_stream<R: Read>(
             }
             None => decide_workers(raw, &mut processor, &mut out, &mut summary)?,
         }
-        // Live input (a kubectl watch): show results before blocking on more.
-        if frames.reader().buffer().is_empty() {
-            out.flush().context("cannot write output")?;
-        }
+        flush_when_idle(&frames, &mut out)?;
     }
     out.flush().context("cannot write output")?;
     Ok(summary)
+}
+
+/// A line that is one worker pod's watch event, read and projected in one pass; `None` for
+/// anything else (a Spark object, a pod that cannot be projected, not JSON), which the
+/// framer then frames and the slow path reports on.
+fn worker_pod_event(line: &str) -> Option<PodEvent> {
+    // What `spark-role` and `SparkApplication` share (see `decide_stream`).
+    if memchr::memmem::find(line.as_bytes(), b"park").is_some() {
+        return None;
+    }
+    project_watch_event(line)?.ok()
+}
+
+/// Live input (a kubectl watch): show results before blocking on more.
+fn flush_when_idle<R: Read>(
+    frames: &JsonFrames<BufReader<R>>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if frames.reader().buffer().is_empty() {
+        out.flush().context("cannot write output")?;
+    }
+    Ok(())
 }
 
 /// Decides the worker-pod events of one JSON value as lines of `out`.

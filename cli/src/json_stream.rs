@@ -26,6 +26,15 @@ pub enum Frame {
     Invalid(String),
 }
 
+/// What [`JsonFrames::next_with`] read: the fast reader's result for a whole line, or a frame.
+#[derive(Debug)]
+pub enum Next<T> {
+    /// What the fast reader made of a line holding one object.
+    Fast(T),
+    /// A frame, as [`JsonFrames`] iterates them.
+    Frame(Frame),
+}
+
 /// Iterator of [`Frame`]s over a reader.
 pub struct JsonFrames<R> {
     reader: R,
@@ -177,13 +186,20 @@ impl<R: BufRead> JsonFrames<R> {
     }
 }
 
-impl<R: BufRead> Iterator for JsonFrames<R> {
-    type Item = io::Result<Frame>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<R: BufRead> JsonFrames<R> {
+    /// The next item, offering each line that holds one whole object (it starts with `{` and
+    /// ends with `}`, outside any value) to `fast` first. When `fast` takes the line (`Some`), its
+    /// result is the item and the line is not framed: `fast` must then have read the line as
+    /// one valid JSON value, as a full deserialization does. When it declines, the line is
+    /// framed as usual. Lines are read once either way; nearly every line of `kubectl -o json
+    /// -w` is such an object, so the common case parses each event once, not twice.
+    pub fn next_with<T>(
+        &mut self,
+        mut fast: impl FnMut(&str) -> Option<T>,
+    ) -> Option<io::Result<Next<T>>> {
         loop {
             if let Some(frame) = self.ready.pop_front() {
-                return Some(Ok(frame));
+                return Some(Ok(Next::Frame(frame)));
             }
             if self.done {
                 return None;
@@ -210,6 +226,11 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
                 Ok(_) => {
                     let cut = self.line.last() != Some(&b'\n') && self.line.len() > self.limit;
                     self.line_no += 1;
+                    if !cut && self.value.is_empty() && !self.skipping {
+                        if let Some(taken) = one_object(&self.line).and_then(&mut fast) {
+                            return Some(Ok(Next::Fast(taken)));
+                        }
+                    }
                     self.push_line();
                     if cut {
                         // The rest of that line is part of the refused value.
@@ -226,6 +247,30 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
             }
         }
     }
+}
+
+impl<R: BufRead> Iterator for JsonFrames<R> {
+    type Item = io::Result<Frame>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_with(|_| None::<std::convert::Infallible>)
+            .map(|read| {
+                read.map(|read| match read {
+                    Next::Frame(frame) => frame,
+                    Next::Fast(never) => match never {},
+                })
+            })
+    }
+}
+
+/// The line's text when it may hold one object: UTF-8, `{` first and `}` last (around
+/// whitespace). Whether it truly is one is for the reader that takes it to find out.
+fn one_object(line: &[u8]) -> Option<&str> {
+    let trimmed = line.trim_ascii();
+    if trimmed.first() != Some(&b'{') || trimmed.last() != Some(&b'}') {
+        return None;
+    }
+    std::str::from_utf8(trimmed).ok()
 }
 
 #[cfg(test)]
@@ -342,5 +387,59 @@ mod tests {
             .map(|f| matches!(f.unwrap(), Frame::Value(_)))
             .collect();
         assert_eq!(out, [false, true]);
+    }
+
+    /// `next_with` with a fast reader that takes objects holding `"fast"`.
+    fn with_fast(input: &str) -> Vec<String> {
+        let mut frames = JsonFrames::new(input.as_bytes());
+        let mut out = Vec::new();
+        while let Some(next) = frames.next_with(|line| line.contains("fast").then(|| line.len())) {
+            out.push(match next.unwrap() {
+                Next::Fast(len) => format!("fast: {len} bytes"),
+                Next::Frame(Frame::Value(v)) => v.get().to_owned(),
+                Next::Frame(Frame::Invalid(e)) => format!("invalid: {e}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn the_fast_reader_sees_whole_one_line_objects_only() {
+        let input = concat!(
+            "{\"fast\": 1}\r\n",
+            "{\"slow\": 2}\n",
+            "{\n  \"fast\": {\"x\": 3}\n}\n",
+            "[{\"fast\": 4}]\n",
+            "{\"fast\": 5} {\"fast\": 6}\n",
+            "{\"fast\": \"\u{20ac}\"}\n",
+        );
+        assert_eq!(
+            with_fast(input),
+            [
+                "fast: 11 bytes",
+                "{\"slow\": 2}",
+                // Inside a pretty-printed value the lines are framed, never offered.
+                "{\n  \"fast\": {\"x\": 3}\n}",
+                // An array is not an object.
+                "[{\"fast\": 4}]",
+                // Two objects on a line are offered as one line: the reader must refuse
+                // what is not one value (a deserializer does); this one takes anything.
+                "fast: 23 bytes",
+                "fast: 15 bytes",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_declined_line_is_framed_as_if_never_offered() {
+        let input = "{\"a\": 1}\n{\"b\": \n2}\n{\"c\": 3}\n{\"d\": }\n";
+        let plain: Vec<String> = JsonFrames::new(input.as_bytes())
+            .map(|f| match f.unwrap() {
+                Frame::Value(v) => v.get().to_owned(),
+                Frame::Invalid(e) => format!("invalid: {e}"),
+            })
+            .collect();
+        assert_eq!(plain.len(), 4, "{plain:?}");
+        assert_eq!(with_fast(input), plain);
     }
 }

@@ -11,7 +11,8 @@
 //!    alone: a wrapper process, this bench's own binary, waits for it and reads its rusage);
 //! 4. the ratio, and `decide`'s peak resident memory over 200,000 events.
 //!
-//! Rounds alternate between the two, so a slow moment of the machine hits both. Without
+//! Rounds alternate between the two, so a slow moment of the machine hits both.
+//! `... --bench decide_vs_airflow -- --write-events FILE N` only writes N such events. Without
 //! `--bench` (as `cargo test --all-targets` runs it) it does a small smoke run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -28,6 +29,8 @@ use serde_json::{Value, json};
 
 /// The wrapper's first argument: run the rest as a child, report its time and peak memory.
 const MEASURE_CHILD: &str = "--measure-child";
+/// `--write-events FILE N`: only write the events, to decide them by hand.
+const WRITE_EVENTS: &str = "--write-events";
 
 /// A small deterministic generator, so every run decides the same stream.
 struct Lcg(u64);
@@ -244,6 +247,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(MEASURE_CHILD) {
         measure_child(&args[2], &args[3], &args[4..]);
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some(WRITE_EVENTS) {
+        write_events(Path::new(&args[2]), args[3].parse().unwrap());
         return;
     }
     let measuring = args.iter().any(|a| a == "--bench");
