@@ -226,10 +226,13 @@ impl<R: BufRead> JsonFrames<R> {
                 Ok(_) => {
                     let cut = self.line.last() != Some(&b'\n') && self.line.len() > self.limit;
                     self.line_no += 1;
-                    if !cut && self.value.is_empty() && !self.skipping {
-                        if let Some(taken) = one_object(&self.line).and_then(&mut fast) {
-                            return Some(Ok(Next::Fast(taken)));
-                        }
+                    let offered = !cut && self.value.is_empty() && !self.skipping;
+                    if let Some(taken) = offered
+                        .then(|| one_object(&self.line))
+                        .flatten()
+                        .and_then(&mut fast)
+                    {
+                        return Some(Ok(Next::Fast(taken)));
                     }
                     self.push_line();
                     if cut {
@@ -393,7 +396,8 @@ mod tests {
     fn with_fast(input: &str) -> Vec<String> {
         let mut frames = JsonFrames::new(input.as_bytes());
         let mut out = Vec::new();
-        while let Some(next) = frames.next_with(|line| line.contains("fast").then(|| line.len())) {
+        while let Some(next) = frames.next_with(|line| line.contains("fast").then_some(line.len()))
+        {
             out.push(match next.unwrap() {
                 Next::Fast(len) => format!("fast: {len} bytes"),
                 Next::Frame(Frame::Value(v)) => v.get().to_owned(),
