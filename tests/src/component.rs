@@ -48,6 +48,11 @@ impl Component {
         }
     }
 
+    /// The process id of the running process.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
     pub fn signal(&self, name: &str) {
         let _ = Command::new("kill")
