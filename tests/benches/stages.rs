@@ -5,9 +5,11 @@
 //! 1. the raw JetStream publish limit, as the ingest and pipeline benches measure it;
 //! 2. **ingest alone**: N Running worker pods exist; `podstream ingest` starts and lists them
 //!    onto the pods stream (one event each);
-//! 3. **processor alone**: `podstream process` over that pre-filled pods stream, until the
-//!    commands stream holds N commands;
-//! 4. **sink alone**: `podstream sink` over that pre-filled commands stream, until N are
+//!    N more pods are then made while it watches, whose events say the pod is new, as in a
+//!    running pipeline (a listed pod's cannot);
+//! 3. **processor alone**: `podstream process` over that pre-filled pods stream: the listed
+//!    pods (each costs a record read and a search of the stream), then the watched ones;
+//! 4. **sink alone**: `podstream sink` over that pre-filled commands stream, until all 2N are
 //!    committed;
 //! 5. **the whole**: `podstream run`, and N new pods at once, until all N are committed.
 //!
@@ -179,13 +181,14 @@ fn main() {
         let target = AirflowDb::postgres(Airflow::line("2.10"), &pg, "stages");
         let db = Database::connect(&target.url).await.unwrap();
         db.seed(DAG, RUN, &[]).await.unwrap();
-        seed(&db, "alone", n).await;
-        seed(&db, "whole", n).await;
+        for prefix in ["alone", "watched", "whole"] {
+            seed(&db, prefix, n).await;
+        }
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let config = SimConfig {
             namespaces: vec![NS.into()],
-            retain_events: 2 * n + 16,
+            retain_events: 3 * n + 16,
             ..SimConfig::default()
         };
         let sim = Server::start(addr, config).await.unwrap();
@@ -205,21 +208,39 @@ fn main() {
         })
         .await;
         let ingest_rate = report("ingest alone", n, seconds, before, Clocks::read(ingest.id(), nats_pid), raw);
+        // Pods made while the ingest watches: their events say the pod is new
+        // (`previous_sequence` 0), as in a running pipeline; listed ones cannot.
+        let cluster = sim.cluster().clone();
+        tokio::task::spawn_blocking(move || create_pods(&cluster, "watched", n))
+            .await
+            .unwrap();
+        until(Instant::now(), "the watched pods", || async {
+            bus::count(&js, "PODSTREAM_PODS").await >= 2 * n64
+        })
+        .await;
         ingest.terminate();
 
+        // The stream holds the listed pods first, then the watched ones.
         let process = start(&binary, &["process", "--nats", &url], &kubeconfig);
         let (t0, before) = (Instant::now(), Clocks::read(process.id(), nats_pid));
-        let seconds = until(t0, "the commands stream", || async {
+        let listed_seconds = until(t0, "the listed pods' commands", || async {
             bus::count(&js, "PODSTREAM_COMMANDS").await >= n64
         })
         .await;
-        let process_rate = report("processor alone", n, seconds, before, Clocks::read(process.id(), nats_pid), raw);
+        let middle = Clocks::read(process.id(), nats_pid);
+        let t1 = Instant::now();
+        report("processor, listed pods", n, listed_seconds, before, middle, raw);
+        let seconds = until(t1, "the watched pods' commands", || async {
+            bus::count(&js, "PODSTREAM_COMMANDS").await >= 2 * n64
+        })
+        .await;
+        let process_rate = report("processor, watched pods", n, seconds, middle, Clocks::read(process.id(), nats_pid), raw);
         process.terminate();
 
         let sink = start(&binary, &["sink", "--nats", &url, "--db", &target.url], &kubeconfig);
         let (t0, before) = (Instant::now(), Clocks::read(sink.id(), nats_pid));
-        let seconds = until(t0, "the sink", || async { applied(&db).await >= n64 }).await;
-        let sink_rate = report("sink alone", n, seconds, before, Clocks::read(sink.id(), nats_pid), raw);
+        let seconds = until(t0, "the sink", || async { applied(&db).await >= 2 * n64 }).await;
+        let sink_rate = report("sink alone", 2 * n, seconds, before, Clocks::read(sink.id(), nats_pid), raw);
         sink.terminate();
 
         let run = start(&binary, &["run", "--nats", &url, "--db", &target.url, "--namespaces", NS], &kubeconfig);
@@ -230,7 +251,7 @@ fn main() {
         tokio::task::spawn_blocking(move || create_pods(&cluster, "whole", n))
             .await
             .unwrap();
-        let seconds = until(t0, "the whole pipeline", || async { applied(&db).await >= 2 * n64 }).await;
+        let seconds = until(t0, "the whole pipeline", || async { applied(&db).await >= 3 * n64 }).await;
         let whole_rate = report("whole (run)", n, seconds, before, Clocks::read(run.id(), nats_pid), raw);
         run.terminate();
 
