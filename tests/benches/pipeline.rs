@@ -170,20 +170,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn seed(db: &Database, phases: &[(&str, usize)]) {
     db.seed(DAG, RUN, &[]).await.unwrap();
     for (phase, count) in phases {
-        sqlx::query(&format!(
-            "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id)
-             SELECT '{phase}-' || lpad(g::text, 6, '0'), '{DAG}', '{RUN}', -1, 'running', 1, 1, 'default_pool', 1, now(), 1
-             FROM generate_series(0, {count} - 1) AS g"
-        ))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        let prefix = format!("{phase}-");
+        podstream_tests::sink::seed_running_tis(db, DAG, RUN, &prefix, 0..*count, 6).await;
     }
-    // As autovacuum would soon: without statistics the planner scans the whole table per TI.
-    sqlx::query("ANALYZE task_instance")
-        .execute(&db.pool)
-        .await
-        .unwrap();
 }
 
 fn main() {

@@ -449,20 +449,9 @@ async fn seed(db: &Database, pods: usize) {
     db.seed(DAG, RUN, &[]).await.unwrap();
     let chunk = 100_000;
     for from in (0..pods).step_by(chunk) {
-        let to = (from + chunk).min(pods) - 1;
-        sqlx::query(&format!(
-            "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id)
-             SELECT 't-' || lpad(g::text, 7, '0'), '{DAG}', '{RUN}', -1, 'running', 1, 1, 'default_pool', 1, now(), 1
-             FROM generate_series({from}, {to}) AS g"
-        ))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        let to = (from + chunk).min(pods);
+        podstream_tests::sink::seed_running_tis(db, DAG, RUN, "t-", from..to, 7).await;
     }
-    sqlx::query("ANALYZE task_instance")
-        .execute(&db.pool)
-        .await
-        .unwrap();
 }
 
 fn hours(duration: Duration) -> String {

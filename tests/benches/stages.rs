@@ -123,22 +123,6 @@ fn create_pods(cluster: &Cluster, prefix: &str, count: usize) {
     }
 }
 
-/// Running TIs `<prefix>-NNNNNN` for the pods, queued by scheduler 1.
-async fn seed(db: &Database, prefix: &str, count: usize) {
-    sqlx::query(&format!(
-        "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id)
-         SELECT '{prefix}-' || lpad(g::text, 6, '0'), '{DAG}', '{RUN}', -1, 'running', 1, 1, 'default_pool', 1, now(), 1
-         FROM generate_series(0, {count} - 1) AS g"
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE task_instance")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-}
-
 async fn applied(db: &Database) -> u64 {
     let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM podstream_applied")
         .fetch_one(&db.pool)
@@ -181,8 +165,8 @@ fn main() {
         let target = AirflowDb::postgres(Airflow::line("2.10"), &pg, "stages");
         let db = Database::connect(&target.url).await.unwrap();
         db.seed(DAG, RUN, &[]).await.unwrap();
-        for prefix in ["alone", "watched", "whole"] {
-            seed(&db, prefix, n).await;
+        for prefix in ["alone-", "watched-", "whole-"] {
+            podstream_tests::sink::seed_running_tis(&db, DAG, RUN, prefix, 0..n, 6).await;
         }
 
         let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();

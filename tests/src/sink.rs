@@ -40,3 +40,34 @@ pub async fn through_lanes(db: &Database, items: &[Item], config: LaneConfig) ->
         .map(|(index, o)| o.unwrap_or_else(|| panic!("command {index} did not come back")))
         .collect()
 }
+
+/// Inserts `running` TIs `<prefix>NNNNNN` (numbers `from..to`, zero-padded to `digits`) of
+/// `dag_id`/`run_id`, queued by scheduler 1, and analyzes the table as autovacuum soon would
+/// (without statistics the planner scans the whole table per TI). The run must exist.
+///
+/// # Panics
+/// When the database refuses.
+pub async fn seed_running_tis(
+    db: &Database,
+    dag_id: &str,
+    run_id: &str,
+    prefix: &str,
+    numbers: std::ops::Range<usize>,
+    digits: usize,
+) {
+    if !numbers.is_empty() {
+        let (from, to) = (numbers.start, numbers.end - 1);
+        sqlx::query(&format!(
+            "INSERT INTO task_instance (task_id, dag_id, run_id, map_index, state, try_number, max_tries, pool, pool_slots, start_date, queued_by_job_id)
+             SELECT '{prefix}' || lpad(g::text, {digits}, '0'), '{dag_id}', '{run_id}', -1, 'running', 1, 1, 'default_pool', 1, now(), 1
+             FROM generate_series({from}, {to}) AS g"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("seeding TIs: {e}"));
+    }
+    sqlx::query("ANALYZE task_instance")
+        .execute(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("analyzing task_instance: {e}"));
+}
