@@ -11,7 +11,8 @@
 //! - [`processor`]: [`Processor`], the in-process shell, and [`StateStore`]: where its task
 //!   records live ([`MemoryStore`]).
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
-//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream.
+//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream;
+//!   [`task_lanes`]: which events of which TI it decides next.
 //! - [`spark`]: which Spark driver pod drives a job (its SparkApplication's word, else
 //!   `find_spark_job`'s order), and the records it keeps; [`spark_service`]: their consumer
 //!   and KV bucket (`--spark`).
@@ -28,6 +29,7 @@ pub mod service;
 pub mod spark;
 pub mod spark_service;
 pub mod state;
+pub mod task_lanes;
 
 pub use command::TaskCommand;
 pub use decide::{Applied, Decision, EventError, decide};

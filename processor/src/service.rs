@@ -7,7 +7,9 @@
 //!   scheduler's events are decided in stream order: per pod, and across the pods of one task
 //!   instance, which duplicate resolution needs (two pods of a TI decided by two instances at
 //!   once could fail the TI on the loser's failure before the winner is known). Inside one
-//!   instance, different task instances are decided concurrently. Schedulers scale out.
+//!   instance, different task instances are decided concurrently (`--concurrency` at once),
+//!   each as soon as it is free: one TI's events wait only for that TI ([`TaskLanes`]), and
+//!   those that waited are decided together with one record write. Schedulers scale out.
 //! - **State.** Nothing lives only in memory: each task instance has a KV record
 //!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race (two
 //!   schedulers' consumers touching one TI, a takeover) reloads and decides again. The
@@ -34,14 +36,15 @@
 //!   the record's outbox by the same write as the state; a pod event is acked only after its
 //!   commands are acked.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull, kv, stream};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt};
 use podstream_bus::Backoff;
 use podstream_bus::BusConfig;
 use podstream_bus::dead::{self, DeadLetter};
@@ -60,6 +63,7 @@ use crate::record::TaskRecord;
 use crate::record_cache::{Cached, RecordCache};
 use crate::rules::Rules;
 use crate::spark_service::{SparkWorker, open_spark_bucket, spark_consumer};
+use crate::task_lanes::{self, TaskLanes};
 
 /// How the processor runs.
 #[derive(Debug, Clone)]
@@ -76,7 +80,7 @@ pub struct ProcessConfig {
     pub rules: Rules,
     /// Pod events fetched at once per consumer.
     pub batch_size: usize,
-    /// Task instances decided concurrently within a batch.
+    /// Task instances decided at once (each as soon as it is free).
     pub concurrency: usize,
     /// How long a silent instance keeps its consumer before a standby takes over.
     pub failover: Duration,
@@ -98,7 +102,7 @@ pub const DEFAULT_CONSUMER: &str = "podstream-process";
 pub const DEFAULT_BUCKET: &str = "podstream-process";
 /// Pod events fetched at once per consumer, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
-/// Task instances decided concurrently within a batch, by default.
+/// Task instances decided at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// Seconds a silent instance keeps its consumer before a standby takes over, by default.
 pub const DEFAULT_FAILOVER_SECONDS: u64 = 5;
@@ -141,6 +145,8 @@ pub struct ProcessStats {
     pub searches: u64,
     /// Task records read from KV (not in the cache, or changed by another instance).
     pub reads: u64,
+    /// Task records written: one per group of a TI's events decided together.
+    pub writes: u64,
 }
 
 impl std::ops::AddAssign for ProcessStats {
@@ -150,6 +156,7 @@ impl std::ops::AddAssign for ProcessStats {
         self.dead_lettered += other.dead_lettered;
         self.searches += other.searches;
         self.reads += other.reads;
+        self.writes += other.writes;
     }
 }
 
@@ -157,8 +164,8 @@ impl std::fmt::Display for ProcessStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "decided {}, commands {}, dead-lettered {}, searches for earlier events {}, records read {}",
-            self.decided, self.commands, self.dead_lettered, self.searches, self.reads
+            "decided {}, commands {}, dead-lettered {}, searches for earlier events {}, records read {}, records written {}",
+            self.decided, self.commands, self.dead_lettered, self.searches, self.reads, self.writes
         )
     }
 }
@@ -426,57 +433,61 @@ impl Worker {
         self.health.set(Condition::ConsumerBound, true);
         let messages = self.in_flight.receive(messages);
         let mut chunks = messages.ready_chunks(config.batch_size.max(1));
-        loop {
-            let chunk = tokio::select! {
-                _ = stopped.wait_for(|s| *s) => break,
-                chunk = chunks.next() => chunk,
+        let limit = config.concurrency.max(1);
+        let mut lanes: TaskLanes<Delivery> = TaskLanes::default();
+        let mut running: FuturesUnordered<BoxFuture<'_, (String, ProcessStats)>> =
+            FuturesUnordered::new();
+        let pulled = loop {
+            let next = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => break Ok(()),
+                Some((key, one)) = running.next(), if !running.is_empty() => Next::Finished(key, one),
+                chunk = chunks.next(), if running.len() < limit => Next::Pulled(chunk),
             };
-            let Some(chunk) = chunk else {
-                anyhow::bail!("the pull stream ended");
+            let chunk = match next {
+                Next::Finished(key, one) => {
+                    *stats += one;
+                    if let Some(next) = lanes.finished(&key) {
+                        running.push(self.group(key, next).boxed());
+                    }
+                    continue;
+                }
+                Next::Pulled(Some(chunk)) => chunk,
+                Next::Pulled(None) => break Err(anyhow::anyhow!("the pull stream ended")),
             };
-            let mut fetched = Vec::with_capacity(chunk.len());
+            let mut decide = Vec::with_capacity(chunk.len());
             for message in chunk {
                 match message {
-                    Ok(message) => fetched.push(message),
+                    Ok(message) => match self.accept(message).await {
+                        Accepted::Decide(delivery) => {
+                            decide.push((delivery.key.clone(), *delivery))
+                        }
+                        Accepted::Done => {}
+                        Accepted::Dead => stats.dead_lettered += 1,
+                    },
                     Err(error) => warn!(%error, "receiving a pod event failed"),
                 }
             }
-            self.batch(fetched, config.concurrency, stats).await;
+            for (key, events) in task_lanes::by_key(decide) {
+                if let Some(group) = lanes.arrived(&key, events) {
+                    running.push(self.group(key, group).boxed());
+                }
+            }
+        };
+        // What is in hand is decided before the consumer is let go: the running groups and the
+        // events waiting behind them.
+        while let Some((key, one)) = running.next().await {
+            *stats += one;
+            if let Some(next) = lanes.finished(&key) {
+                running.push(self.group(key, next).boxed());
+            }
         }
         // What arrived but was not decided goes back at once, for the next pinned instance.
-        while let Some(Some(chunk)) = futures::FutureExt::now_or_never(chunks.next()) {
+        while let Some(Some(chunk)) = chunks.next().now_or_never() {
             for message in chunk.into_iter().flatten() {
                 let _ = message.ack_with(AckKind::Nak(None)).await;
             }
         }
-        Ok(())
-    }
-
-    /// Decides one fetched batch: messages of one TI in order, different TIs concurrently.
-    async fn batch(&self, fetched: Vec<Held>, concurrency: usize, stats: &mut ProcessStats) {
-        let mut groups: Vec<Vec<Delivery>> = Vec::new();
-        let mut group_of: HashMap<String, usize> = HashMap::new();
-        for message in fetched {
-            match self.accept(message).await {
-                Accepted::Decide(delivery) => {
-                    let at = *group_of.entry(delivery.key.clone()).or_insert_with(|| {
-                        groups.push(Vec::new());
-                        groups.len() - 1
-                    });
-                    groups[at].push(*delivery);
-                }
-                Accepted::Done => {}
-                Accepted::Dead => stats.dead_lettered += 1,
-            }
-        }
-        let results: Vec<ProcessStats> = futures::stream::iter(groups)
-            .map(|group| self.group(group))
-            .buffer_unordered(concurrency.max(1))
-            .collect()
-            .await;
-        for one in results {
-            *stats += one;
-        }
+        pulled
     }
 
     /// Sorts out notices and malformed messages; the rest is decided.
@@ -515,65 +526,66 @@ impl Worker {
         Accepted::Dead
     }
 
-    /// Decides the events of one TI in order, retrying each until it is done.
-    async fn group(&self, group: Vec<Delivery>) -> ProcessStats {
+    /// Decides a group of one TI's events, in order and with one record write, retrying the
+    /// group until it is done; then acks its events. Returns the TI's key with what it did.
+    async fn group(&self, key: String, group: Vec<Delivery>) -> (String, ProcessStats) {
         let mut stats = ProcessStats::default();
-        let Some(key) = group.first().map(|d| d.key.clone()) else {
-            return stats;
-        };
         let mut known = self.cache.take(&key).map(Known::Cached);
-        for delivery in group {
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-            loop {
-                match self.decide(&delivery, &mut known, &mut stats).await {
-                    Ok(commands) => {
-                        stats.decided += 1;
-                        stats.commands += commands;
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        loop {
+            match self.decide(&key, &group, &mut known, &mut stats).await {
+                Ok(commands) => {
+                    stats.decided += group.len() as u64;
+                    stats.commands += commands;
+                    for delivery in &group {
                         ack(&delivery.message).await;
-                        metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
-                            .increment(1);
-                        self.health.set(Condition::ConsumerBound, true);
-                        break;
                     }
-                    Err(error) => {
-                        known = Some(Known::Unsure);
-                        metrics::counter!(podstream_bus::metrics::PROCESSOR_RETRIES).increment(1);
-                        self.health.set(Condition::ConsumerBound, false);
-                        warn!(%error, ti = %delivery.key, sequence = delivery.sequence,
-                            retry_in_ms = backoff.delay().as_millis() as u64, "deciding an event failed; retrying");
-                        backoff.wait().await;
-                    }
+                    metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
+                        .increment(group.len() as u64);
+                    self.health.set(Condition::ConsumerBound, true);
+                    break;
+                }
+                Err(error) => {
+                    known = Some(Known::Unsure);
+                    metrics::counter!(podstream_bus::metrics::PROCESSOR_RETRIES).increment(1);
+                    self.health.set(Condition::ConsumerBound, false);
+                    let sequence = group.first().map_or(0, |d| d.sequence);
+                    warn!(%error, ti = %key, sequence, events = group.len(),
+                        retry_in_ms = backoff.delay().as_millis() as u64, "deciding events failed; retrying");
+                    backoff.wait().await;
                 }
             }
         }
         if let Some(Known::Cached(record)) = known {
-            self.cache.put(key, record);
+            self.cache.put(key.clone(), record);
         }
-        stats
+        (key, stats)
     }
 
-    /// Decides one event (and any earlier undecided event of its pod), writes the record with
-    /// compare-and-set, then publishes the commands. Returns how many were published.
+    /// Decides the group's events in order (and any earlier undecided event of their pods),
+    /// writes the record once with compare-and-set, then publishes the commands. Returns how
+    /// many were published.
     async fn decide(
         &self,
-        delivery: &Delivery,
+        key: &str,
+        group: &[Delivery],
         known: &mut Option<Known>,
         stats: &mut ProcessStats,
     ) -> Result<u64, Retry> {
-        let uid = identity(&delivery.event)
-            .map(|(pod, _)| pod.uid.clone())
-            .unwrap_or_default();
+        let Some(first) = group.first() else {
+            return Ok(0);
+        };
         loop {
             let (mut record, revision, fresh) = match known.take() {
                 Some(Known::Cached(Cached { record, revision })) => (record, revision, false),
                 // A pod the ingest says is new nearly always means a new TI: try creating its
                 // record, and read it only when that write finds one.
-                None if delivery.event.previous_sequence == Some(0) => {
+                None if first.event.previous_sequence == Some(0) => {
                     (TaskRecord::default(), 0, false)
                 }
                 None | Some(Known::Unsure) => {
                     stats.reads += 1;
-                    let (record, revision) = self.load(&delivery.key).await?;
+                    let (record, revision) = self.load(key).await?;
                     (record, revision, true)
                 }
             };
@@ -581,48 +593,55 @@ impl Worker {
             if fresh && !record.outbox.is_empty() {
                 self.publish(&record.outbox).await?;
             }
-            let last = record.last_sequence(&uid);
-            if delivery.sequence <= last {
-                debug!(uid = %uid, ti = %delivery.key, sequence = delivery.sequence, "already decided");
+            let mut commands = Vec::new();
+            let mut changed = false;
+            for delivery in group {
+                let uid = identity(&delivery.event)
+                    .map(|(pod, _)| pod.uid.as_str())
+                    .unwrap_or_default();
+                let last = record.last_sequence(uid);
+                if delivery.sequence <= last {
+                    debug!(uid = %uid, ti = %key, sequence = delivery.sequence, "already decided");
+                    continue;
+                }
+                changed = true;
+                // Where the ingest says the pod's previous event is, and the record has decided
+                // it: nothing earlier can be pending.
+                let vouched = delivery.event.previous_sequence == Some(last);
+                let earlier = if vouched {
+                    Vec::new()
+                } else {
+                    stats.searches += 1;
+                    self.earlier(uid, last, delivery.sequence).await?
+                };
+                for (sequence, earlier) in earlier {
+                    let same_task =
+                        identity(&earlier).is_ok_and(|(_, task)| TaskRecord::key(task) == key);
+                    if same_task && let Ok(more) = record.apply(&self.rules, &earlier, sequence) {
+                        debug!(uid = %uid, sequence, "decided an earlier event of the pod first");
+                        commands.extend(more);
+                    }
+                }
+                let more = record
+                    .apply(&self.rules, &delivery.event, delivery.sequence)
+                    .unwrap_or_default();
+                commands.extend(more);
+            }
+            if !changed {
                 *known = Some(Known::Cached(Cached { record, revision }));
                 return Ok(0);
             }
-            let mut commands = Vec::new();
-            // Where the ingest says the pod's previous event is, and the record has decided
-            // it: nothing earlier can be pending.
-            let vouched = delivery.event.previous_sequence == Some(last);
-            let earlier = if vouched {
-                Vec::new()
-            } else {
-                stats.searches += 1;
-                self.earlier(&uid, last, delivery.sequence).await?
-            };
-            for (sequence, earlier) in earlier {
-                let same_task =
-                    identity(&earlier).is_ok_and(|(_, task)| TaskRecord::key(task) == delivery.key);
-                if same_task && let Ok(more) = record.apply(&self.rules, &earlier, sequence) {
-                    debug!(uid = %uid, sequence, "decided an earlier event of the pod first");
-                    commands.extend(more);
-                }
-            }
-            let more = record
-                .apply(&self.rules, &delivery.event, delivery.sequence)
-                .unwrap_or_default();
-            commands.extend(more);
             record.outbox = commands.clone();
             let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
-            match self
-                .records
-                .update(&delivery.key, Bytes::from(bytes), revision)
-                .await
-            {
+            match self.records.update(key, Bytes::from(bytes), revision).await {
                 Ok(revision) => {
+                    stats.writes += 1;
                     self.publish(&commands).await?;
                     *known = Some(Known::Cached(Cached { record, revision }));
                     return Ok(commands.len() as u64);
                 }
                 Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    debug!(ti = %delivery.key, "task record changed meanwhile; deciding again");
+                    debug!(ti = %key, "task record changed meanwhile; deciding again");
                     *known = Some(Known::Unsure);
                 }
                 Err(error) => return Err(Retry::Store(error.to_string())),
@@ -757,6 +776,14 @@ enum Known {
     Cached(Cached),
     /// Read it from KV: a write failed or lost a race.
     Unsure,
+}
+
+/// What the consume loop woke up for.
+enum Next<C> {
+    /// A TI's group was decided: its key and what it did.
+    Finished(String, ProcessStats),
+    /// Pod events pulled (`None`: the pull stream ended).
+    Pulled(Option<C>),
 }
 
 enum Accepted {

@@ -32,6 +32,9 @@ pub fn podstream_release_binary() -> PathBuf {
     podstream_stage::build_podstream(true)
 }
 
+/// The variable naming the binary a measuring bench runs instead of this tree's release build.
+pub const BENCH_BINARY: &str = "PODSTREAM_BENCH_BINARY";
+
 /// The multi-threaded Tokio runtime a bench's `main` runs in.
 ///
 /// # Panics
@@ -44,13 +47,17 @@ pub fn bench_runtime() -> tokio::runtime::Runtime {
 }
 
 /// The binary a bench runs: the release build for a measuring run (`cargo bench`), the test
-/// build for the quick check `cargo test --benches` makes.
+/// build for the quick check `cargo test --benches` makes. `PODSTREAM_BENCH_BINARY` names
+/// another one for a measuring run, such as an earlier commit's build for a baseline.
 ///
 /// # Panics
 /// When it cannot be built.
 pub fn bench_binary(measuring: bool) -> PathBuf {
     if measuring {
-        podstream_release_binary()
+        match std::env::var_os(BENCH_BINARY) {
+            Some(path) => PathBuf::from(path),
+            None => podstream_release_binary(),
+        }
     } else {
         podstream_binary().to_path_buf()
     }

@@ -463,3 +463,36 @@ async fn what_the_ingest_vouches_for_spares_the_searches_and_the_cache_spares_th
         );
     }
 }
+
+/// A TI's events that arrive together, or while its record is being written, are decided
+/// together: one record write for the lot (not one per event), and the commands are those of
+/// deciding them one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_instances_waiting_events_are_decided_with_one_record_write() {
+    const N: u64 = 200;
+    let nats = NatsServer::start();
+    let mut feed = Feed::new(&nats.url()).await;
+    // In the stream before the processor starts, so they arrive at once.
+    let mut events: Vec<PodEvent> = (0..N)
+        .map(|i| event("p", "1", 100 + i, Phase::Pending))
+        .collect();
+    events.push(event("p", "1", 100 + N, Phase::Running));
+    events.push(event("q", "1", 100 + N + 1, Phase::Running));
+    feed.publish(events).await;
+
+    let processor = start(&nats.url(), &[], 256);
+    let got = wait_for_commands(&feed.js, 2).await;
+    let stats = processor.stop().await;
+    let mut seen: Vec<(&str, &str)> = got.iter().map(|(_, c)| (uid(c), kind(c))).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, [("uid-p", "running"), ("uid-q", "running")]);
+    assert_eq!(stats.decided, N + 2, "{stats}");
+    // Each TI's first group is whatever had arrived when it started; the rest waited for it.
+    assert!(stats.writes <= 6, "{stats}");
+    let mut records = feed.js.get_stream("KV_podstream-process").await.unwrap();
+    let written = records.info().await.unwrap().state.last_sequence;
+    assert_eq!(
+        written, stats.writes,
+        "the bucket's writes against the processor's count"
+    );
+}
