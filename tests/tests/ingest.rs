@@ -1007,7 +1007,18 @@ async fn stopped_while_its_checkpoint_bucket_elects_a_leader_the_ingest_still_wr
     let mut successor = Checkpoint::open(&js, &bucket, 3, Duration::from_millis(50), Fence::open())
         .await
         .unwrap();
-    let restored = successor.load().await.unwrap();
+    // The bucket may still be electing after the node kill: its reads time out until then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let restored = loop {
+        match successor.load().await {
+            Ok(restored) => break restored,
+            Err(error) if std::time::Instant::now() < deadline => {
+                eprintln!("reading the checkpoint back failed, retrying: {error:#}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("reading the checkpoint back: {error:#}"),
+        }
+    };
     let last = scenario.facts.last().unwrap();
     let event = restored
         .pods
