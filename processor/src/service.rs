@@ -437,13 +437,23 @@ impl Worker {
         let mut lanes: TaskLanes<Delivery> = TaskLanes::default();
         let mut running: FuturesUnordered<BoxFuture<'_, (String, ProcessStats)>> =
             FuturesUnordered::new();
-        let pulled = loop {
+        // Once stopping (or the pull stream has ended), nothing more is pulled, but what is in
+        // hand is decided before the consumer is let go: the running groups and the events
+        // waiting behind them. The loop ends when nothing is left running.
+        let mut stopping = false;
+        let mut pulled = Ok(());
+        loop {
             let next = tokio::select! {
-                _ = stopped.wait_for(|s| *s) => break Ok(()),
+                _ = stopped.wait_for(|s| *s), if !stopping => Next::Stop,
                 Some((key, one)) = running.next(), if !running.is_empty() => Next::Finished(key, one),
-                chunk = chunks.next(), if running.len() < limit => Next::Pulled(chunk),
+                chunk = chunks.next(), if !stopping && running.len() < limit => Next::Pulled(chunk),
+                else => break,
             };
             let chunk = match next {
+                Next::Stop => {
+                    stopping = true;
+                    continue;
+                }
                 Next::Finished(key, one) => {
                     *stats += one;
                     if let Some(next) = lanes.finished(&key) {
@@ -452,7 +462,11 @@ impl Worker {
                     continue;
                 }
                 Next::Pulled(Some(chunk)) => chunk,
-                Next::Pulled(None) => break Err(anyhow::anyhow!("the pull stream ended")),
+                Next::Pulled(None) => {
+                    pulled = Err(anyhow::anyhow!("the pull stream ended"));
+                    stopping = true;
+                    continue;
+                }
             };
             let mut decide = Vec::with_capacity(chunk.len());
             for message in chunk {
@@ -471,14 +485,6 @@ impl Worker {
                 if let Some(group) = lanes.arrived(&key, events) {
                     running.push(self.group(key, group).boxed());
                 }
-            }
-        };
-        // What is in hand is decided before the consumer is let go: the running groups and the
-        // events waiting behind them.
-        while let Some((key, one)) = running.next().await {
-            *stats += one;
-            if let Some(next) = lanes.finished(&key) {
-                running.push(self.group(key, next).boxed());
             }
         }
         // What arrived but was not decided goes back at once, for the next pinned instance.
@@ -780,6 +786,8 @@ enum Known {
 
 /// What the consume loop woke up for.
 enum Next<C> {
+    /// Shutdown was asked for.
+    Stop,
     /// A TI's group was decided: its key and what it did.
     Finished(String, ProcessStats),
     /// Pod events pulled (`None`: the pull stream ended).

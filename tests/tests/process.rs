@@ -489,7 +489,11 @@ async fn a_task_instances_waiting_events_are_decided_with_one_record_write() {
     assert_eq!(stats.decided, N + 2, "{stats}");
     // Each TI's first group is whatever had arrived when it started; the rest waited for it.
     assert!(stats.writes <= 6, "{stats}");
-    let mut records = feed.js.get_stream("KV_podstream-process").await.unwrap();
+    let mut records = feed
+        .js
+        .get_stream(format!("KV_{}", service::DEFAULT_BUCKET))
+        .await
+        .unwrap();
     let written = records.info().await.unwrap().state.last_sequence;
     assert_eq!(
         written, stats.writes,
