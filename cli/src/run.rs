@@ -52,6 +52,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub retention: RetentionArgs,
     #[command(flatten)]
+    pub sink_batching: crate::sink::SinkBatchArgs,
+    #[command(flatten)]
     pub ack_wait: AckWaitArgs,
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
@@ -78,11 +80,11 @@ impl RunArgs {
                 spark_bucket: self.spark_bucket.bucket(&self.spark),
                 ..ProcessConfig::default()
             },
-            sink: SinkConfig {
+            sink: self.sink_batching.batching(SinkConfig {
                 applied_retention: self.retention.applied_retention_hours,
                 ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
-            },
+            }),
         }
     }
 }
@@ -134,4 +136,59 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         server.stop();
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+    use podstream_sink::service::SinkConfig;
+
+    use super::RunArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn sink_config(flags: &[&str]) -> SinkConfig {
+        let args = ["podstream"].iter().chain(flags);
+        let cli = Cli::try_parse_from(args).unwrap();
+        cli.run.config("nats://127.0.0.1:4222").sink
+    }
+
+    #[test]
+    fn run_batches_its_sink_by_the_sink_defaults_unless_told_otherwise() {
+        let defaults = SinkConfig::default();
+        for (flags, size, wait, lanes) in [
+            (
+                &[][..],
+                defaults.batch_size,
+                defaults.batch_wait,
+                defaults.connections,
+            ),
+            (
+                &[
+                    "--batch-size",
+                    "50",
+                    "--batch-wait-ms",
+                    "7",
+                    "--connections",
+                    "2",
+                ][..],
+                50,
+                Duration::from_millis(7),
+                2,
+            ),
+        ] {
+            let sink = sink_config(flags);
+            assert_eq!(
+                (sink.batch_size, sink.batch_wait, sink.connections),
+                (size, wait, lanes),
+                "{flags:?}"
+            );
+        }
+    }
 }

@@ -32,22 +32,41 @@ pub struct SinkArgs {
         default_value = service::DEFAULT_CONSUMER
     )]
     consumer: String,
-    /// Commands per transaction at most.
-    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = service::DEFAULT_BATCH_SIZE)]
-    batch_size: usize,
-    /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
-    #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = 0)]
-    batch_wait_ms: u64,
-    /// Lanes on PostgreSQL: each commits its own batches on its own connection, and a task
-    /// instance always goes to the same lane (its commands stay in order). SQLite uses one.
-    #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
-    connections: usize,
+    #[command(flatten)]
+    batching: SinkBatchArgs,
     #[command(flatten)]
     ack_wait: AckWaitArgs,
     #[command(flatten)]
     shutdown: crate::signal::ShutdownArgs,
     #[command(flatten)]
     retention: RetentionArgs,
+}
+
+/// How the sink batches its transactions: flags of `podstream sink` and `podstream run`.
+#[derive(Debug, Clone, Args)]
+pub struct SinkBatchArgs {
+    /// Commands per transaction at most.
+    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = service::DEFAULT_BATCH_SIZE)]
+    batch_size: usize,
+    /// Milliseconds a batch smaller than --batch-size waits for more (0: commit what has arrived).
+    #[arg(long, env = "PODSTREAM_BATCH_WAIT_MS", default_value_t = service::DEFAULT_BATCH_WAIT_MS)]
+    batch_wait_ms: u64,
+    /// Lanes on PostgreSQL: each commits its own batches on its own connection, and a task
+    /// instance always goes to the same lane (its commands stay in order). SQLite uses one.
+    #[arg(long, env = "PODSTREAM_SINK_CONNECTIONS", default_value_t = service::DEFAULT_CONNECTIONS)]
+    connections: usize,
+}
+
+impl SinkBatchArgs {
+    /// `config` batching as these flags say.
+    pub fn batching(&self, config: SinkConfig) -> SinkConfig {
+        SinkConfig {
+            batch_size: self.batch_size,
+            batch_wait: Duration::from_millis(self.batch_wait_ms),
+            connections: self.connections,
+            ..config
+        }
+    }
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -63,16 +82,14 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
         let db = Database::connect_to(&args.db.target()?)
             .await?
             .with_policy(args.db.policy());
-        let config = SinkConfig {
+        let config = args.batching.batching(SinkConfig {
             bus,
             consumer: args.consumer.clone(),
-            batch_size: args.batch_size,
-            batch_wait: Duration::from_millis(args.batch_wait_ms),
-            connections: args.connections,
             ack_wait: args.ack_wait.ack_wait(),
             applied_retention: args.retention.applied_retention_hours,
             health,
-        };
+            ..SinkConfig::default()
+        });
         let summary = args
             .shutdown
             .run(|shutdown| service::run(config, db, shutdown))

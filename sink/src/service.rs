@@ -36,6 +36,8 @@ pub const DEFAULT_CONNECTIONS: usize = 3;
 pub const DEFAULT_CONSUMER: &str = "podstream-sink";
 /// Commands per transaction at most, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 500;
+/// Milliseconds a batch smaller than the batch size waits for more, by default.
+pub const DEFAULT_BATCH_WAIT_MS: u64 = 0;
 
 /// How the sink runs.
 #[derive(Debug, Clone)]
@@ -67,7 +69,7 @@ impl Default for SinkConfig {
             bus: BusConfig::default(),
             consumer: DEFAULT_CONSUMER.into(),
             batch_size: DEFAULT_BATCH_SIZE,
-            batch_wait: Duration::ZERO,
+            batch_wait: Duration::from_millis(DEFAULT_BATCH_WAIT_MS),
             connections: DEFAULT_CONNECTIONS,
             ack_wait: podstream_bus::config::default_ack_wait(),
             applied_retention: None,
