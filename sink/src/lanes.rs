@@ -123,11 +123,7 @@ async fn lane<T>(
     applied: mpsc::UnboundedSender<Applied<T>>,
 ) {
     let mut batch = Vec::with_capacity(batch_size);
-    while queue.recv_many(&mut batch, batch_size).await > 0 {
-        if batch.len() < batch_size && !batch_wait.is_zero() {
-            let room = batch_size - batch.len();
-            let _ = tokio::time::timeout(batch_wait, queue.recv_many(&mut batch, room)).await;
-        }
+    while next_batch(&mut queue, &mut batch, batch_size, batch_wait).await {
         let (items, tags): (Vec<Item>, Vec<T>) = batch.drain(..).unzip();
         let outcomes = apply_with_retry(&db, &items, &health).await;
         let done = items
@@ -141,6 +137,28 @@ async fn lane<T>(
             return;
         }
     }
+}
+
+/// Fills `batch` with what is queued, up to `batch_size`; a smaller batch keeps taking what
+/// arrives until `batch_wait` after its first item. False once the queue is closed and empty.
+async fn next_batch<X>(
+    queue: &mut mpsc::Receiver<X>,
+    batch: &mut Vec<X>,
+    batch_size: usize,
+    batch_wait: Duration,
+) -> bool {
+    if queue.recv_many(batch, batch_size).await == 0 {
+        return false;
+    }
+    let deadline = tokio::time::Instant::now() + batch_wait;
+    while batch.len() < batch_size && !batch_wait.is_zero() {
+        let room = batch_size - batch.len();
+        match tokio::time::timeout_at(deadline, queue.recv_many(batch, room)).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    true
 }
 
 /// Applies a batch, retrying with backoff while the database as a whole fails it
@@ -214,5 +232,47 @@ mod tests {
             sequence: None,
         };
         assert_eq!(partition_of(&keyless, 3), 0);
+    }
+
+    /// Items arriving every 2 ms after the batch's first, and what a batch takes.
+    #[tokio::test(start_paused = true)]
+    async fn a_smaller_batch_takes_what_arrives_until_its_wait_is_over() {
+        for (batch_size, wait_ms, expected) in [
+            (100, 0, 1),   // no wait: only what is queued
+            (100, 5, 3),   // the first and those of the next 5 ms
+            (100, 50, 21), // all of them
+            (4, 50, 4),    // a full batch does not wait
+        ] {
+            let (queue, mut batch_queue) = mpsc::channel(100);
+            queue.send(0).await.unwrap();
+            let sender = tokio::spawn(async move {
+                for i in 1..=20 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    queue.send(i).await.unwrap();
+                }
+            });
+            let wait = Duration::from_millis(wait_ms);
+            let mut batch = Vec::new();
+            assert!(next_batch(&mut batch_queue, &mut batch, batch_size, wait).await);
+            assert_eq!(
+                batch,
+                (0..expected).collect::<Vec<_>>(),
+                "{batch_size} {wait_ms} ms"
+            );
+            sender.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_empty_queue_ends_the_lane() {
+        let (queue, mut batch_queue) = mpsc::channel::<u32>(4);
+        queue.send(7).await.unwrap();
+        drop(queue);
+        let mut batch = Vec::new();
+        let wait = Duration::from_millis(50);
+        assert!(next_batch(&mut batch_queue, &mut batch, 4, wait).await);
+        assert_eq!(batch, [7]);
+        batch.clear();
+        assert!(!next_batch(&mut batch_queue, &mut batch, 4, wait).await);
     }
 }
