@@ -301,13 +301,18 @@ async fn ensure_once(
     }
 }
 
+/// The stream JetStream keeps KV bucket `bucket` in.
+pub fn bucket_stream(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
+
 /// Opens KV bucket `wanted.bucket`, creating it with `wanted` when it does not exist (an
 /// existing bucket is used as it is). File storage and history 1 unless `wanted` says otherwise.
 pub async fn bucket(
     js: &jetstream::Context,
     wanted: jetstream::kv::Config,
 ) -> Result<jetstream::kv::Store, StreamError> {
-    let stream = format!("KV_{}", wanted.bucket);
+    let stream = bucket_stream(&wanted.bucket);
     while_unavailable(&stream, || async {
         if let Ok(store) = js.get_key_value(&wanted.bucket).await {
             return Ok(store);

@@ -235,7 +235,7 @@ impl Checkpoint {
             .with_context(|| format!("opening checkpoint bucket {bucket}"))?;
         Ok(Checkpoint {
             kv,
-            stream: format!("KV_{bucket}"),
+            stream: podstream_bus::streams::bucket_stream(bucket),
             js: js.clone(),
             shards: vec![HashMap::default(); SHARDS],
             dirty: vec![false; SHARDS],

@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use k8s_openapi::api::core::v1::Pod;
+use podstream_bus::streams;
 use podstream_ingest::projection::project;
+use podstream_ingest::service;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Server, SimConfig, WorkerPod};
 use podstream_tests::bus::{self, RawShape};
@@ -62,7 +64,8 @@ fn event_size() -> usize {
 
 /// KV writes to the ingest's checkpoint so far, and the average size of a key's value (KB).
 async fn checkpoint_writes(js: &jetstream::Context) -> (u64, f64) {
-    let mut stream = js.get_stream("KV_podstream-ingest").await.unwrap();
+    let name = streams::bucket_stream(service::DEFAULT_CHECKPOINT_BUCKET);
+    let mut stream = js.get_stream(name).await.unwrap();
     let state = stream.info().await.unwrap().state.clone();
     (
         state.last_sequence,

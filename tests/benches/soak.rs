@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use podstream_bus::streams;
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
 use podstream_tests::airflow::{Airflow, AirflowDb};
@@ -254,7 +255,7 @@ struct Sample {
     pods: usize,
     run_mb: u64,
     nats_mb: u64,
-    /// Bytes stored per stream and bucket, in `STORES` order.
+    /// Bytes stored per stream and bucket, in `stores()` order.
     stored: Vec<u64>,
     /// Rows of podstream's tables, in `TABLES` order.
     rows: Vec<i64>,
@@ -262,13 +263,16 @@ struct Sample {
     sink_lag: u64,
 }
 
-const STORES: [&str; 5] = [
-    "PODSTREAM_PODS",
-    "PODSTREAM_COMMANDS",
-    "PODSTREAM_DEAD",
-    "KV_podstream-process",
-    "KV_podstream-ingest",
-];
+/// The streams and buckets sampled, each bucket by the stream JetStream keeps it in.
+fn stores() -> [String; 5] {
+    [
+        "PODSTREAM_PODS".into(),
+        "PODSTREAM_COMMANDS".into(),
+        "PODSTREAM_DEAD".into(),
+        streams::bucket_stream(podstream_processor::service::DEFAULT_BUCKET),
+        streams::bucket_stream(podstream_ingest::service::DEFAULT_CHECKPOINT_BUCKET),
+    ]
+}
 const TABLES: [&str; 4] = [
     "podstream_applied",
     "podstream_ti_pod",
@@ -284,8 +288,9 @@ async fn sample(
     at: f64,
     pods: usize,
 ) -> Sample {
-    let mut stored = Vec::with_capacity(STORES.len());
-    for name in STORES {
+    let stores = stores();
+    let mut stored = Vec::with_capacity(stores.len());
+    for name in &stores {
         let bytes = match js.get_stream(name).await {
             Ok(mut stream) => stream.info().await.map_or(0, |info| info.state.bytes),
             Err(_) => 0,
@@ -325,7 +330,7 @@ async fn sample(
 
 fn write_csv(samples: &[Sample], path: &Path) {
     let mut text = String::from("seconds,pods_started,run_rss_mb,nats_rss_mb");
-    for store in STORES {
+    for store in stores() {
         text.push_str(&format!(",{store}_bytes"));
     }
     for table in TABLES {
@@ -406,15 +411,10 @@ fn write_chart(samples: &[Sample], path: &Path) {
     draw(
         &panels[1],
         "JetStream storage (MB)",
-        STORES
+        stores()
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                (
-                    (*name).to_owned(),
-                    line(&|s: &Sample| s.stored[i] as f64 / 1e6),
-                )
-            })
+            .map(|(i, name)| (name.clone(), line(&|s: &Sample| s.stored[i] as f64 / 1e6)))
             .collect(),
     );
     draw(
@@ -594,7 +594,7 @@ fn main() {
         let first_half_peak = driving[..driving.len() / 2].iter().map(|s| s.run_mb).max().unwrap_or(0);
         let second_half_peak = half.iter().map(|s| s.run_mb).max().unwrap_or(0);
         let last = samples.last().cloned().unwrap_or_default();
-        let peak_stored: Vec<u64> = (0..STORES.len())
+        let peak_stored: Vec<u64> = (0..stores().len())
             .map(|i| samples.iter().map(|s| s.stored[i]).max().unwrap_or(0))
             .collect();
         let peak_rows: Vec<i64> = (0..TABLES.len())

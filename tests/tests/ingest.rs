@@ -985,7 +985,10 @@ async fn stopped_while_its_checkpoint_bucket_elects_a_leader_the_ingest_still_wr
     // Past a checkpoint write, so the bucket has a leader to lose.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let mut info = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    let mut info = js
+        .get_stream(podstream_bus::streams::bucket_stream(&bucket))
+        .await
+        .unwrap();
     let leader = info
         .info()
         .await

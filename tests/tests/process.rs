@@ -491,7 +491,9 @@ async fn a_task_instances_waiting_events_are_decided_with_one_record_write() {
     assert!(stats.writes <= 6, "{stats}");
     let mut records = feed
         .js
-        .get_stream(format!("KV_{}", service::DEFAULT_BUCKET))
+        .get_stream(podstream_bus::streams::bucket_stream(
+            service::DEFAULT_BUCKET,
+        ))
         .await
         .unwrap();
     let written = records.info().await.unwrap().state.last_sequence;
