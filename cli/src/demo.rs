@@ -18,6 +18,7 @@ use podstream_bus::BusConfig;
 use podstream_bus::local_server::{LocalServer, find_binary, free_port};
 use podstream_ingest::service::IngestConfig;
 use podstream_processor::service::ProcessConfig;
+use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::{Command, TaskKey};
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
@@ -191,7 +192,9 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     )
     .await?;
     let kube = kube_client(&sim).await?;
-    let pipeline = Pipeline::start(config(nats_url), kube, db.clone());
+    let settings = config(nats_url);
+    let subjects = settings.bus.subjects()?;
+    let pipeline = Pipeline::start(settings.clone(), kube, db.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(pipeline.run_until(async move {
         let _ = stopped.await;
@@ -211,11 +214,11 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let mut idle_polls = 0;
     let (rows, commands) = loop {
         let rows = read_rows(&db).await?;
-        let commands = read_commands(&js).await?;
+        let commands = read_commands(&js, &subjects).await?;
         let done = STORIES
             .iter()
             .all(|s| ends_right(s, rows.get(s.task_id), &commands));
-        idle_polls = if done && idle(&js).await {
+        idle_polls = if done && idle(&js, &subjects, &settings).await {
             idle_polls + 1
         } else {
             0
@@ -228,7 +231,6 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let _ = stop.send(());
     running.await.context("the pipeline panicked")??;
     if let Some(file) = &args.html {
-        let subjects = config(nats_url).bus.subjects()?;
         let timeline = crate::replay::timeline_of(&js, &subjects).await?;
         let page = crate::timeline_page::render(&timeline, "podstream demo: the stories", "");
         std::fs::write(file, page).with_context(|| format!("writing {}", file.display()))?;
@@ -351,12 +353,12 @@ fn story_commands<'a>(
 }
 
 /// Whether the processor and the sink have nothing pending.
-async fn idle(js: &jetstream::Context) -> bool {
+async fn idle(js: &jetstream::Context, subjects: &Subjects, settings: &PipelineConfig) -> bool {
     for (stream, consumer) in [
-        ("PODSTREAM_PODS", "podstream-process"),
-        ("PODSTREAM_COMMANDS", "podstream-sink"),
+        (Stream::PodEvents, &settings.process.consumer),
+        (Stream::Commands, &settings.sink.consumer),
     ] {
-        let Ok(stream) = js.get_stream(stream).await else {
+        let Ok(stream) = js.get_stream(subjects.stream_name(stream)).await else {
             return false;
         };
         let Ok(mut consumer) = stream
@@ -393,8 +395,11 @@ async fn read_rows(db: &Database) -> anyhow::Result<BTreeMap<&'static str, TiRow
 
 /// Every command the processor published, in order, once (not a transfer's copy for the
 /// previous owner).
-async fn read_commands(js: &jetstream::Context) -> anyhow::Result<Vec<Command>> {
-    let Ok(mut stream) = js.get_stream("PODSTREAM_COMMANDS").await else {
+async fn read_commands(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+) -> anyhow::Result<Vec<Command>> {
+    let Ok(mut stream) = js.get_stream(subjects.stream_name(Stream::Commands)).await else {
         return Ok(Vec::new());
     };
     let total = stream.info().await?.state.messages;
