@@ -2,7 +2,7 @@
 //! (contract.md §1). Kubernetes JSON in, one JSON line per command out.
 
 use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -15,11 +15,9 @@ use podstream_proto::line::CommandLine;
 use podstream_proto::v1::{PodEvent, PodRef, SparkEvent};
 use tracing::{debug, info, warn};
 
-use crate::json_stream::{Frame, JsonFrames, Next};
+use crate::json_stream::{Frame, JsonFrames, MAX_VALUE_BYTES, Next};
+use crate::read_ahead::ReadAhead;
 use crate::spark_json::spark_items;
-
-/// How much input `decide` reads at once: a few hundred events per read, not eight.
-const INPUT_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Arguments of `podstream decide`.
 #[derive(Debug, clap::Args)]
@@ -71,7 +69,7 @@ pub struct Summary {
 
 /// Runs `decide` on the arguments' input, writing to standard output.
 pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
-    let input: Box<dyn Read> = match args.file.as_deref() {
+    let input: Box<dyn Read + Send> = match args.file.as_deref() {
         None => Box::new(io::stdin()),
         Some(path) if path.as_os_str() == "-" => Box::new(io::stdin()),
         Some(path) => {
@@ -79,11 +77,7 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
         }
     };
     let stdout = io::stdout();
-    let summary = decide_stream(
-        BufReader::with_capacity(INPUT_BUFFER_BYTES, input),
-        &mut stdout.lock(),
-        args.rules.rules(),
-    )?;
+    let summary = decide_stream(input, &mut stdout.lock(), args.rules.rules())?;
     info!(
         events = summary.events,
         commands = summary.commands,
@@ -95,8 +89,11 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
 
 /// Decides every pod event of `input` in order, writing JSON lines to `out`.
 /// Fails only when the input cannot be read or the output written.
-pub fn decide_stream<R: Read>(
-    input: BufReader<R>,
+///
+/// Worker threads read the input ahead and project its lines (the bulk of the work); this
+/// thread frames what they could not read and decides everything in input order.
+pub fn decide_stream(
+    input: Box<dyn Read + Send>,
     out: &mut impl Write,
     rules: Rules,
 ) -> anyhow::Result<Summary> {
@@ -104,12 +101,15 @@ pub fn decide_stream<R: Read>(
     let mut spark_jobs = SparkJobs::default();
     let mut summary = Summary::default();
     let mut out = io::BufWriter::new(out);
-    let mut frames = JsonFrames::new(input);
-    while let Some(read) = frames.next_with(worker_pod_event) {
+    let ahead = ReadAhead::spawn(input, worker_pod_event, MAX_VALUE_BYTES)
+        .context("cannot start reading input")?;
+    let projections = ahead.projections();
+    let mut frames = JsonFrames::new(ahead);
+    while let Some(read) = frames.next_with(|line_no, _| projections.take(line_no)) {
         let value = match read.context("cannot read input")? {
             Next::Fast(event) => {
                 decide_one(&mut processor, Ok(event), &mut out, &mut summary)?;
-                flush_when_idle(&frames, &mut out)?;
+                flush_when_idle(&mut frames, &mut out)?;
                 continue;
             }
             Next::Frame(Frame::Value(value)) => value,
@@ -142,15 +142,15 @@ pub fn decide_stream<R: Read>(
             }
             None => decide_workers(raw, &mut processor, &mut out, &mut summary)?,
         }
-        flush_when_idle(&frames, &mut out)?;
+        flush_when_idle(&mut frames, &mut out)?;
     }
     out.flush().context("cannot write output")?;
     Ok(summary)
 }
 
-/// A line that is one worker pod's watch event, read and projected in one pass; `None` for
-/// anything else (a Spark object, a pod that cannot be projected, not JSON), which the
-/// framer then frames and the slow path reports on.
+/// A line that is one worker pod's watch event, read and projected in one pass (on a
+/// read-ahead worker); `None` for anything else (a Spark object, a pod that cannot be
+/// projected, not JSON), which the framer then frames and the slow path reports on.
 fn worker_pod_event(line: &str) -> Option<PodEvent> {
     // What `spark-role` and `SparkApplication` share (see `decide_stream`).
     if memchr::memmem::find(line.as_bytes(), b"park").is_some() {
@@ -160,11 +160,11 @@ fn worker_pod_event(line: &str) -> Option<PodEvent> {
 }
 
 /// Live input (a kubectl watch): show results before blocking on more.
-fn flush_when_idle<R: Read>(
-    frames: &JsonFrames<BufReader<R>>,
+fn flush_when_idle(
+    frames: &mut JsonFrames<ReadAhead<PodEvent>>,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    if frames.reader().buffer().is_empty() {
+    if !frames.reader_mut().has_ready_input() {
         out.flush().context("cannot write output")?;
     }
     Ok(())

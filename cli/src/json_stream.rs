@@ -73,8 +73,8 @@ impl<R: BufRead> JsonFrames<R> {
     }
 
     /// The reader, to see whether more input is buffered.
-    pub fn reader(&self) -> &R {
-        &self.reader
+    pub fn reader_mut(&mut self) -> &mut R {
+        &mut self.reader
     }
 
     fn push_line(&mut self) {
@@ -188,14 +188,15 @@ impl<R: BufRead> JsonFrames<R> {
 
 impl<R: BufRead> JsonFrames<R> {
     /// The next item, offering each line that holds one whole object (it starts with `{` and
-    /// ends with `}`, outside any value) to `fast` first. When `fast` takes the line (`Some`), its
-    /// result is the item and the line is not framed: `fast` must then have read the line as
-    /// one valid JSON value, as a full deserialization does. When it declines, the line is
-    /// framed as usual. Lines are read once either way; nearly every line of `kubectl -o json
-    /// -w` is such an object, so the common case parses each event once, not twice.
+    /// ends with `}`, outside any value) to `fast` first, with its line number (from 1). When
+    /// `fast` takes the line (`Some`), its result is the item and the line is not framed: `fast`
+    /// must then have read the line as one valid JSON value, as a full deserialization does.
+    /// When it declines, the line is framed as usual. Lines are read once either way; nearly
+    /// every line of `kubectl -o json -w` is such an object, so the common case parses each
+    /// event once, not twice, and reads it where the reader buffered it, without a copy.
     pub fn next_with<T>(
         &mut self,
-        mut fast: impl FnMut(&str) -> Option<T>,
+        mut fast: impl FnMut(usize, &str) -> Option<T>,
     ) -> Option<io::Result<Next<T>>> {
         loop {
             if let Some(frame) = self.ready.pop_front() {
@@ -203,6 +204,28 @@ impl<R: BufRead> JsonFrames<R> {
             }
             if self.done {
                 return None;
+            }
+            let mut declined = false;
+            if self.value.is_empty() && !self.skipping {
+                let buffer = match self.reader.fill_buf() {
+                    Ok(buffer) => buffer,
+                    Err(err) => {
+                        self.done = true;
+                        return Some(Err(err));
+                    }
+                };
+                // A whole line in the buffer, as `read_until` below would read it uncut.
+                if let Some(end) = memchr::memchr(b'\n', buffer).filter(|end| *end <= self.limit) {
+                    let line_no = self.line_no + 1;
+                    match one_object(&buffer[..=end]).and_then(|text| fast(line_no, text)) {
+                        Some(taken) => {
+                            self.reader.consume(end + 1);
+                            self.line_no = line_no;
+                            return Some(Ok(Next::Fast(taken)));
+                        }
+                        None => declined = true,
+                    }
+                }
             }
             self.line.clear();
             // At most one byte over the limit per read: a line without an end is not buffered.
@@ -226,11 +249,12 @@ impl<R: BufRead> JsonFrames<R> {
                 Ok(_) => {
                     let cut = self.line.last() != Some(&b'\n') && self.line.len() > self.limit;
                     self.line_no += 1;
-                    let offered = !cut && self.value.is_empty() && !self.skipping;
+                    let offered = !declined && !cut && self.value.is_empty() && !self.skipping;
+                    let line_no = self.line_no;
                     if let Some(taken) = offered
                         .then(|| one_object(&self.line))
                         .flatten()
-                        .and_then(&mut fast)
+                        .and_then(|text| fast(line_no, text))
                     {
                         return Some(Ok(Next::Fast(taken)));
                     }
@@ -256,7 +280,7 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
     type Item = io::Result<Frame>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.next_with(|_| None::<std::convert::Infallible>)
+        self.next_with(|_, _| None::<std::convert::Infallible>)
             .map(|read| {
                 read.map(|read| match read {
                     Next::Frame(frame) => frame,
@@ -268,7 +292,7 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
 
 /// The line's text when it may hold one object: UTF-8, `{` first and `}` last (around
 /// whitespace). Whether it truly is one is for the reader that takes it to find out.
-fn one_object(line: &[u8]) -> Option<&str> {
+pub fn one_object(line: &[u8]) -> Option<&str> {
     let trimmed = line.trim_ascii();
     if trimmed.first() != Some(&b'{') || trimmed.last() != Some(&b'}') {
         return None;
@@ -396,7 +420,8 @@ mod tests {
     fn with_fast(input: &str) -> Vec<String> {
         let mut frames = JsonFrames::new(input.as_bytes());
         let mut out = Vec::new();
-        while let Some(next) = frames.next_with(|line| line.contains("fast").then_some(line.len()))
+        while let Some(next) =
+            frames.next_with(|_, line| line.contains("fast").then_some(line.len()))
         {
             out.push(match next.unwrap() {
                 Next::Fast(len) => format!("fast: {len} bytes"),

@@ -14,6 +14,7 @@ mod lines;
 mod ops;
 mod pipeline;
 mod process;
+mod read_ahead;
 mod replay;
 mod retention_args;
 mod run;
