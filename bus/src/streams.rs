@@ -214,70 +214,7 @@ async fn ensure_once(
     } = wanted;
     let name = wanted.name.clone();
     match js.get_stream(&wanted.name).await {
-        Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| api(&name, e))?;
-            let current = &info.config;
-            let mut conflicts = Vec::new();
-            if current.subjects != wanted.subjects {
-                conflicts.push(format!(
-                    "subjects {:?} (podstream needs {:?})",
-                    current.subjects, wanted.subjects
-                ));
-            }
-            if current.storage != wanted.storage {
-                conflicts.push(format!(
-                    "storage {:?} (podstream needs {:?})",
-                    current.storage, wanted.storage
-                ));
-            }
-            if current.retention != wanted.retention {
-                conflicts.push(format!(
-                    "retention {:?} (podstream needs {:?})",
-                    current.retention, wanted.retention
-                ));
-            }
-            if !conflicts.is_empty() {
-                return Err(StreamError::Conflict {
-                    stream: name.clone(),
-                    what: conflicts.join(", "),
-                });
-            }
-            let mut updated = current.clone();
-            let mut changes = Vec::new();
-            if let Some(max_age) = given.max_age
-                && max_age != current.max_age
-            {
-                changes.push(format!("max_age {:?} -> {max_age:?}", current.max_age));
-                updated.max_age = max_age;
-            }
-            if let Some(window) = given.duplicate_window
-                && window != current.duplicate_window
-            {
-                changes.push(format!(
-                    "duplicate_window {:?} -> {window:?}",
-                    current.duplicate_window
-                ));
-                updated.duplicate_window = window;
-            }
-            if let Some(bytes) = given.max_bytes.map(bytes_limit)
-                && bytes != current.max_bytes
-            {
-                changes.push(format!("max_bytes {} -> {bytes}", current.max_bytes));
-                updated.max_bytes = bytes;
-            }
-            if let Some(replicas) = given.replicas
-                && replicas != current.num_replicas
-            {
-                changes.push(format!("replicas {} -> {replicas}", current.num_replicas));
-                updated.num_replicas = replicas;
-            }
-            if changes.is_empty() {
-                return Ok(current.clone());
-            }
-            let info = js.update_stream(updated).await.map_err(|e| api(&name, e))?;
-            tracing::warn!(stream = %name, changes = %changes.join(", "), "stream settings changed as given");
-            Ok(info.config.clone())
-        }
+        Ok(existing) => reconcile(js, existing, &wanted, &given).await,
         Err(error)
             if matches!(
                 error.kind(),
@@ -294,11 +231,88 @@ async fn ensure_once(
                     stream: name.clone(),
                     what: format!("subjects claimed by another stream ({error})"),
                 }),
-                Err(error) => Err(api(&name, error)),
+                // Components start together: another one may have created the stream since
+                // it was looked up, and the server then refuses this create.
+                Err(error) => match js.get_stream(&name).await {
+                    Ok(existing) => reconcile(js, existing, &wanted, &given).await,
+                    Err(_) => Err(api(&name, error)),
+                },
             }
         }
         Err(error) => Err(api(&name, error)),
     }
+}
+
+/// Checks an existing stream against `wanted` and applies the settings `given`.
+async fn reconcile(
+    js: &jetstream::Context,
+    mut existing: jetstream::stream::Stream,
+    wanted: &stream::Config,
+    given: &StreamSettings,
+) -> Result<stream::Config, StreamError> {
+    let name = wanted.name.clone();
+    let info = existing.info().await.map_err(|e| api(&name, e))?;
+    let current = &info.config;
+    let mut conflicts = Vec::new();
+    if current.subjects != wanted.subjects {
+        conflicts.push(format!(
+            "subjects {:?} (podstream needs {:?})",
+            current.subjects, wanted.subjects
+        ));
+    }
+    if current.storage != wanted.storage {
+        conflicts.push(format!(
+            "storage {:?} (podstream needs {:?})",
+            current.storage, wanted.storage
+        ));
+    }
+    if current.retention != wanted.retention {
+        conflicts.push(format!(
+            "retention {:?} (podstream needs {:?})",
+            current.retention, wanted.retention
+        ));
+    }
+    if !conflicts.is_empty() {
+        return Err(StreamError::Conflict {
+            stream: name.clone(),
+            what: conflicts.join(", "),
+        });
+    }
+    let mut updated = current.clone();
+    let mut changes = Vec::new();
+    if let Some(max_age) = given.max_age
+        && max_age != current.max_age
+    {
+        changes.push(format!("max_age {:?} -> {max_age:?}", current.max_age));
+        updated.max_age = max_age;
+    }
+    if let Some(window) = given.duplicate_window
+        && window != current.duplicate_window
+    {
+        changes.push(format!(
+            "duplicate_window {:?} -> {window:?}",
+            current.duplicate_window
+        ));
+        updated.duplicate_window = window;
+    }
+    if let Some(bytes) = given.max_bytes.map(bytes_limit)
+        && bytes != current.max_bytes
+    {
+        changes.push(format!("max_bytes {} -> {bytes}", current.max_bytes));
+        updated.max_bytes = bytes;
+    }
+    if let Some(replicas) = given.replicas
+        && replicas != current.num_replicas
+    {
+        changes.push(format!("replicas {} -> {replicas}", current.num_replicas));
+        updated.num_replicas = replicas;
+    }
+    if changes.is_empty() {
+        return Ok(current.clone());
+    }
+    let info = js.update_stream(updated).await.map_err(|e| api(&name, e))?;
+    tracing::warn!(stream = %name, changes = %changes.join(", "), "stream settings changed as given");
+    Ok(info.config.clone())
 }
 
 /// The stream JetStream keeps KV bucket `bucket` in.

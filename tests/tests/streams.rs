@@ -180,3 +180,30 @@ async fn the_sink_keeps_applied_ids_as_long_as_the_stream_as_it_is_keeps_command
         .await
         .expect("24 h outlives a 2 h stream");
 }
+
+/// Components started together each ensure the same streams at once (ingest and the
+/// processor both need the pod-events stream): every one of them gets the stream, none
+/// fails on the others' creating it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_creating_one_stream_at_once_all_get_it() {
+    let nats = NatsServer::start();
+    for round in 0..20 {
+        let subjects = Subjects::new(&format!("race{round}")).unwrap();
+        let mut starting = Vec::new();
+        for _ in 0..8 {
+            let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            let wanted =
+                streams::stream_config(&subjects, Stream::PodEvents, &StreamSettings::default());
+            starting.push(tokio::spawn(
+                async move { streams::ensure(&js, wanted).await },
+            ));
+        }
+        for start in starting {
+            let config = start
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(config.name, subjects.stream_name(Stream::PodEvents));
+        }
+    }
+}
