@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use podstream_bus::streams;
+use podstream_proto::subject::{Stream, Subjects};
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
 use podstream_tests::airflow::{Airflow, AirflowDb};
@@ -265,10 +266,11 @@ struct Sample {
 
 /// The streams and buckets sampled, each bucket by the stream JetStream keeps it in.
 fn stores() -> [String; 5] {
+    let subjects = Subjects::default();
     [
-        "PODSTREAM_PODS".into(),
-        "PODSTREAM_COMMANDS".into(),
-        "PODSTREAM_DEAD".into(),
+        subjects.stream_name(Stream::PodEvents),
+        subjects.stream_name(Stream::Commands),
+        subjects.stream_name(Stream::DeadLetters),
         streams::bucket_stream(podstream_processor::service::DEFAULT_BUCKET),
         streams::bucket_stream(podstream_ingest::service::DEFAULT_CHECKPOINT_BUCKET),
     ]
