@@ -331,7 +331,11 @@ pub async fn bucket(
         if let Ok(store) = js.get_key_value(&wanted.bucket).await {
             return Ok(store);
         }
-        js.create_key_value(wanted.clone()).await
+        match js.create_key_value(wanted.clone()).await {
+            Ok(store) => Ok(store),
+            // As for a stream: another component may have created it since it was looked up.
+            Err(error) => js.get_key_value(&wanted.bucket).await.map_err(|_| error),
+        }
     })
     .await
     .map_err(|error| api(&stream, error))

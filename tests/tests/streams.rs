@@ -207,3 +207,31 @@ async fn components_creating_one_stream_at_once_all_get_it() {
         }
     }
 }
+
+/// Processor instances started together each open the state bucket at once: every one of
+/// them gets it, none fails on the others' creating it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_opening_one_bucket_at_once_all_get_it() {
+    let nats = NatsServer::start();
+    for round in 0..20 {
+        let bucket = format!("race-{round}");
+        let mut opening = Vec::new();
+        for _ in 0..8 {
+            let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            let wanted = jetstream::kv::Config {
+                bucket: bucket.clone(),
+                ..Default::default()
+            };
+            opening.push(tokio::spawn(
+                async move { streams::bucket(&js, wanted).await },
+            ));
+        }
+        for open in opening {
+            let store = open
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(store.name, bucket);
+        }
+    }
+}
