@@ -181,29 +181,60 @@ async fn the_sink_keeps_applied_ids_as_long_as_the_stream_as_it_is_keeps_command
         .expect("24 h outlives a 2 h stream");
 }
 
+/// Rounds of eight components starting at once, each on its own connection: `start` is what
+/// each one does in round `round`, and every one must succeed.
+async fn rounds_of_eight_at_once<T, E, Fut>(
+    nats: &NatsServer,
+    start: impl Fn(jetstream::Context, usize) -> Fut,
+) -> Vec<Vec<T>>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+{
+    let mut rounds = Vec::new();
+    for round in 0..20 {
+        let mut starting = Vec::new();
+        for _ in 0..8 {
+            let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            starting.push(tokio::spawn(start(js, round)));
+        }
+        let mut started = Vec::new();
+        for start in starting {
+            let result = start.await.unwrap();
+            started.push(result.unwrap_or_else(|e| panic!("round {round}: {e}")));
+        }
+        rounds.push(started);
+    }
+    rounds
+}
+
+/// The subjects of round `round`, so each round races on a stream of its own.
+fn race_subjects(round: usize) -> Subjects {
+    Subjects::new(&format!("race{round}")).unwrap()
+}
+
 /// Components started together each ensure the same streams at once (ingest and the
 /// processor both need the pod-events stream): every one of them gets the stream, none
 /// fails on the others' creating it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn components_creating_one_stream_at_once_all_get_it() {
     let nats = NatsServer::start();
-    for round in 0..20 {
-        let subjects = Subjects::new(&format!("race{round}")).unwrap();
-        let mut starting = Vec::new();
-        for _ in 0..8 {
-            let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-            let wanted =
-                streams::stream_config(&subjects, Stream::PodEvents, &StreamSettings::default());
-            starting.push(tokio::spawn(
-                async move { streams::ensure(&js, wanted).await },
-            ));
-        }
-        for start in starting {
-            let config = start
-                .await
-                .unwrap()
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
-            assert_eq!(config.name, subjects.stream_name(Stream::PodEvents));
+    let rounds = rounds_of_eight_at_once(&nats, |js, round| async move {
+        let wanted = streams::stream_config(
+            &race_subjects(round),
+            Stream::PodEvents,
+            &StreamSettings::default(),
+        );
+        streams::ensure(&js, wanted).await
+    })
+    .await;
+    for (round, configs) in rounds.iter().enumerate() {
+        for config in configs {
+            assert_eq!(
+                config.name,
+                race_subjects(round).stream_name(Stream::PodEvents)
+            );
         }
     }
 }
@@ -213,25 +244,17 @@ async fn components_creating_one_stream_at_once_all_get_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn components_opening_one_bucket_at_once_all_get_it() {
     let nats = NatsServer::start();
-    for round in 0..20 {
-        let bucket = format!("race-{round}");
-        let mut opening = Vec::new();
-        for _ in 0..8 {
-            let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-            let wanted = jetstream::kv::Config {
-                bucket: bucket.clone(),
-                ..Default::default()
-            };
-            opening.push(tokio::spawn(
-                async move { streams::bucket(&js, wanted).await },
-            ));
-        }
-        for open in opening {
-            let store = open
-                .await
-                .unwrap()
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
-            assert_eq!(store.name, bucket);
+    let rounds = rounds_of_eight_at_once(&nats, |js, round| async move {
+        let wanted = jetstream::kv::Config {
+            bucket: format!("race-{round}"),
+            ..Default::default()
+        };
+        streams::bucket(&js, wanted).await
+    })
+    .await;
+    for (round, stores) in rounds.iter().enumerate() {
+        for store in stores {
+            assert_eq!(store.name, format!("race-{round}"));
         }
     }
 }
