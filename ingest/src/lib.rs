@@ -20,6 +20,7 @@
 //!   each (`--spark`).
 
 pub mod checkpoint;
+pub mod json_scan;
 pub mod known;
 pub mod leadership;
 pub mod listing;

@@ -16,13 +16,10 @@
 use std::borrow::Cow;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use podstream_proto::v1::{EventType, PodEvent, PodRef};
-use std::marker::PhantomData;
 
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-
+use crate::json_scan::{Decline, Scan, Step};
 use crate::projection::{
     DONE_LABEL, KeyAnnotations, Labels, OWNER_LABEL, PodFacts, ProjectionError, REVOKED_LABEL,
     StatusFacts, project_facts, unix_ms,
@@ -36,21 +33,21 @@ pub type Projected = Result<PodEvent, (ProjectionError, PodRef)>;
 /// `MODIFIED` or `DELETED`. `None` when `text` is anything else or does not
 /// read this way: the caller takes the [`crate::watch_json`] path.
 pub fn project_watch_event(text: &str) -> Option<Projected> {
-    let Object(event) = serde_json::from_str::<Object<WatchEventJson>>(text).ok()?;
-    let event_type = match event.event_type.as_ref() {
+    let (event_type, pod) = read_whole(text, watch_event).ok()?;
+    let event_type = match event_type.as_ref() {
         "ADDED" => EventType::Added,
         "MODIFIED" => EventType::Modified,
         "DELETED" => EventType::Deleted,
         _ => return None,
     };
-    project_read(event_type, &event.object)
+    project_read(event_type, &pod)
 }
 
 /// Projects one pod object, given as its JSON text, as an event of `event_type`. `None` when
 /// `text` does not read this way (not an object, another kind, a field the rules read
 /// malformed): the caller takes k8s-openapi's `Pod`, which says precisely what is wrong.
 pub fn project_pod(text: &str, event_type: EventType) -> Option<Projected> {
-    let Object(pod) = serde_json::from_str::<Object<PodJson>>(text).ok()?;
+    let pod = read_whole(text, pod).ok()?;
     project_read(event_type, &pod)
 }
 
@@ -65,77 +62,151 @@ fn project_read(event_type: EventType, pod: &PodJson) -> Option<Projected> {
     Some(project_facts(event_type, &facts).map_err(|err| (err, facts.pod_ref())))
 }
 
-/// A JSON object read as `T`. serde's derive would also take an array as the
-/// struct's fields in order; k8s-openapi (and a map) refuse one, and so must this.
-struct Object<T>(T);
+/// `text` read by `read` as one JSON value with nothing after it.
+fn read_whole<'a, T>(text: &'a str, read: fn(&mut Scan<'a>) -> Step<T>) -> Step<T> {
+    let mut scan = Scan::new(text);
+    let value = read(&mut scan)?;
+    scan.end()?;
+    Ok(value)
+}
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
-            type Value = T;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(MapAccessDeserializer::new(map))
-            }
+/// A JSON string, borrowed from the text unless it holds escapes.
+type Text<'a> = Cow<'a, str>;
+
+/// The fields of one object read so far, to refuse a repeated one as serde's derive does
+/// (a repeated key of a map, such as labels, is not refused: the later one wins).
+#[derive(Default)]
+struct Seen(u8);
+
+impl Seen {
+    /// `field` (each object's fields numbered from 0) is read for the first time.
+    fn first(&mut self, field: u8) -> Step<()> {
+        let bit = 1 << field;
+        if self.0 & bit != 0 {
+            return Err(Decline);
         }
-        deserializer
-            .deserialize_map(ObjectVisitor(PhantomData))
-            .map(Object)
+        self.0 |= bit;
+        Ok(())
     }
 }
 
-impl<T> std::ops::Deref for Object<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
+/// A string or `null`.
+fn text<'a>(scan: &mut Scan<'a>) -> Step<Option<Text<'a>>> {
+    if scan.null() {
+        return Ok(None);
     }
+    scan.string().map(Some)
 }
 
-#[derive(Deserialize)]
-struct WatchEventJson<'a> {
-    #[serde(rename = "type", borrow)]
-    event_type: Text<'a>,
-    #[serde(borrow)]
-    object: Object<PodJson<'a>>,
+/// `read`, or `None` for `null`.
+fn nullable<'a, T>(
+    scan: &mut Scan<'a>,
+    read: impl FnOnce(&mut Scan<'a>) -> Step<T>,
+) -> Step<Option<T>> {
+    if scan.null() {
+        return Ok(None);
+    }
+    read(scan).map(Some)
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A list of objects each read by `read`, or `null`.
+fn list<'a, T>(scan: &mut Scan<'a>, read: fn(&mut Scan<'a>) -> Step<T>) -> Step<Option<Vec<T>>> {
+    nullable(scan, |scan| {
+        let mut items = Vec::new();
+        scan.array(|scan| {
+            items.push(read(scan)?);
+            Ok(())
+        })?;
+        Ok(items)
+    })
+}
+
+/// A timestamp as k8s-openapi reads one, or `null`.
+fn time(scan: &mut Scan<'_>) -> Step<Option<Time>> {
+    let Some(text) = text(scan)? else {
+        return Ok(None);
+    };
+    // jiff's `FromStr` is the parser its `Deserialize`, and so k8s-openapi's, uses.
+    text.parse::<Timestamp>()
+        .map(|at| Some(Time(at)))
+        .map_err(|_| Decline)
+}
+
+fn watch_event<'a>(scan: &mut Scan<'a>) -> Step<(Text<'a>, PodJson<'a>)> {
+    let (mut event_type, mut object, mut seen) = (None, None, Seen::default());
+    scan.object(|key, scan| match key {
+        "type" => {
+            seen.first(0)?;
+            event_type = Some(scan.string()?);
+            Ok(())
+        }
+        "object" => {
+            seen.first(1)?;
+            object = Some(pod(scan)?);
+            Ok(())
+        }
+        _ => scan.skip(),
+    })?;
+    Ok((event_type.ok_or(Decline)?, object.ok_or(Decline)?))
+}
+
+#[derive(Default)]
 struct PodJson<'a> {
-    #[serde(borrow, default)]
     api_version: Option<Text<'a>>,
-    #[serde(borrow, default)]
     kind: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    metadata: Option<Object<MetaJson<'a>>>,
-    #[serde(borrow, default)]
-    spec: Option<Object<SpecJson<'a>>>,
-    #[serde(borrow, default)]
-    status: Option<Object<StatusJson<'a>>>,
+    metadata: Option<MetaJson<'a>>,
+    spec: Option<SpecJson<'a>>,
+    status: Option<StatusJson<'a>>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
+fn pod<'a>(scan: &mut Scan<'a>) -> Step<PodJson<'a>> {
+    let (mut pod, mut seen) = (PodJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "apiVersion" => (seen.first(0)?, pod.api_version = text(scan)?),
+            "kind" => (seen.first(1)?, pod.kind = text(scan)?),
+            "metadata" => (seen.first(2)?, pod.metadata = nullable(scan, meta)?),
+            "spec" => (seen.first(3)?, pod.spec = nullable(scan, spec)?),
+            "status" => (seen.first(4)?, pod.status = nullable(scan, status)?),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(pod)
+}
+
+#[derive(Default)]
 struct MetaJson<'a> {
-    #[serde(borrow, default)]
     uid: Option<Text<'a>>,
-    #[serde(borrow, default)]
     namespace: Option<Text<'a>>,
-    #[serde(borrow, default)]
     name: Option<Text<'a>>,
-    #[serde(borrow, default)]
     resource_version: Option<Text<'a>>,
-    #[serde(default)]
     creation_timestamp: Option<Time>,
-    #[serde(default)]
     deletion_timestamp: Option<Time>,
-    #[serde(borrow, default)]
     labels: Option<LabelsJson<'a>>,
-    #[serde(borrow, default)]
     annotations: Option<AnnotationsJson<'a>>,
+}
+
+fn meta<'a>(scan: &mut Scan<'a>) -> Step<MetaJson<'a>> {
+    let (mut meta, mut seen) = (MetaJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "uid" => (seen.first(0)?, meta.uid = text(scan)?),
+            "namespace" => (seen.first(1)?, meta.namespace = text(scan)?),
+            "name" => (seen.first(2)?, meta.name = text(scan)?),
+            "resourceVersion" => (seen.first(3)?, meta.resource_version = text(scan)?),
+            "creationTimestamp" => (seen.first(4)?, meta.creation_timestamp = time(scan)?),
+            "deletionTimestamp" => (seen.first(5)?, meta.deletion_timestamp = time(scan)?),
+            "labels" => (seen.first(6)?, meta.labels = nullable(scan, labels)?),
+            "annotations" => (
+                seen.first(7)?,
+                meta.annotations = nullable(scan, annotations)?,
+            ),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(meta)
 }
 
 /// The labels the projection reads. Every value of the map must be a string,
@@ -147,20 +218,18 @@ struct LabelsJson<'a> {
     revoked: Option<Text<'a>>,
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for LabelsJson<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut labels = LabelsJson::default();
-        read_string_map(deserializer, |key, value| {
-            let slot = match key {
-                OWNER_LABEL => &mut labels.owner,
-                DONE_LABEL => &mut labels.done,
-                REVOKED_LABEL => &mut labels.revoked,
-                _ => return,
-            };
-            *slot = Some(value);
-        })?;
-        Ok(labels)
-    }
+fn labels<'a>(scan: &mut Scan<'a>) -> Step<LabelsJson<'a>> {
+    let mut labels = LabelsJson::default();
+    string_map(scan, |key, value| {
+        let slot = match key {
+            OWNER_LABEL => &mut labels.owner,
+            DONE_LABEL => &mut labels.done,
+            REVOKED_LABEL => &mut labels.revoked,
+            _ => return,
+        };
+        *slot = Some(value);
+    })?;
+    Ok(labels)
 }
 
 /// The annotations that name the task instance; as for labels, every value
@@ -177,139 +246,182 @@ struct AnnotationsJson<'a> {
     task_instance_id: Option<Text<'a>>,
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for AnnotationsJson<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut a = AnnotationsJson::default();
-        read_string_map(deserializer, |key, value| {
-            let slot = match key {
-                "dag_id" => &mut a.dag_id,
-                "task_id" => &mut a.task_id,
-                "run_id" => &mut a.run_id,
-                "try_number" => &mut a.try_number,
-                "map_index" => &mut a.map_index,
-                "logical_date" => &mut a.logical_date,
-                "execution_date" => &mut a.execution_date,
-                "task_instance_id" => &mut a.task_instance_id,
-                _ => return,
-            };
-            *slot = Some(value);
-        })?;
-        Ok(a)
-    }
+fn annotations<'a>(scan: &mut Scan<'a>) -> Step<AnnotationsJson<'a>> {
+    let mut a = AnnotationsJson::default();
+    string_map(scan, |key, value| {
+        let slot = match key {
+            "dag_id" => &mut a.dag_id,
+            "task_id" => &mut a.task_id,
+            "run_id" => &mut a.run_id,
+            "try_number" => &mut a.try_number,
+            "map_index" => &mut a.map_index,
+            "logical_date" => &mut a.logical_date,
+            "execution_date" => &mut a.execution_date,
+            "task_instance_id" => &mut a.task_instance_id,
+            _ => return,
+        };
+        *slot = Some(value);
+    })?;
+    Ok(a)
 }
 
-/// Reads a JSON object of strings, handing each entry to `keep` (a later
-/// duplicate key wins, as in a map).
-fn read_string_map<'de: 'a, 'a, D: Deserializer<'de>>(
-    deserializer: D,
-    keep: impl FnMut(&str, Text<'a>),
-) -> Result<(), D::Error> {
-    struct StringMap<'a, F>(F, PhantomData<&'a ()>);
-    impl<'de: 'a, 'a, F: FnMut(&str, Text<'a>)> Visitor<'de> for StringMap<'a, F> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a map of strings")
-        }
-        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<Text<'de>>()? {
-                let value = map.next_value::<Text<'a>>()?;
-                (self.0)(&key, value);
-            }
+/// Reads a JSON object of strings, handing each entry to `keep` (a later duplicate key
+/// wins, as in a map).
+fn string_map<'a>(scan: &mut Scan<'a>, mut keep: impl FnMut(&str, Text<'a>)) -> Step<()> {
+    scan.object(|key, scan| {
+        keep(key, scan.string()?);
+        Ok(())
+    })
+}
+
+struct SpecJson<'a> {
+    containers: Option<Vec<NameJson<'a>>>,
+}
+
+fn spec<'a>(scan: &mut Scan<'a>) -> Step<SpecJson<'a>> {
+    let (mut containers, mut seen) = (None, Seen::default());
+    scan.object(|key, scan| match key {
+        "containers" => {
+            seen.first(0)?;
+            containers = list(scan, container)?;
             Ok(())
         }
-    }
-    deserializer.deserialize_map(StringMap(keep, PhantomData))
+        _ => scan.skip(),
+    })?;
+    Ok(SpecJson { containers })
 }
 
-/// A JSON string, borrowed from the text unless it holds escapes. (serde's own
-/// `Cow<str>` always copies.)
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct TextVisitor<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
-            type Value = Text<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, value: &'de str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Borrowed(value)))
-            }
-            fn visit_str<E>(self, value: &str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(value.to_owned())))
-            }
-            fn visit_string<E>(self, value: String) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(value)))
-            }
-        }
-        deserializer.deserialize_str(TextVisitor(PhantomData))
-    }
-}
-
-impl std::ops::Deref for Text<'_> {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-#[derive(Deserialize)]
-struct SpecJson<'a> {
-    #[serde(borrow, default)]
-    containers: Option<Vec<Object<NameJson<'a>>>>,
-}
-
-#[derive(Deserialize)]
 struct NameJson<'a> {
-    #[serde(borrow, default)]
     name: Option<Text<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+fn container<'a>(scan: &mut Scan<'a>) -> Step<NameJson<'a>> {
+    let (mut name, mut seen) = (None, Seen::default());
+    scan.object(|key, scan| match key {
+        "name" => {
+            seen.first(0)?;
+            name = text(scan)?;
+            Ok(())
+        }
+        _ => scan.skip(),
+    })?;
+    Ok(NameJson { name })
+}
+
+#[derive(Default)]
 struct StatusJson<'a> {
-    #[serde(borrow, default)]
     phase: Option<Text<'a>>,
-    #[serde(borrow, default)]
     reason: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    init_container_statuses: Option<Vec<Object<ContainerStatusJson<'a>>>>,
-    #[serde(borrow, default)]
-    container_statuses: Option<Vec<Object<ContainerStatusJson<'a>>>>,
+    init_container_statuses: Option<Vec<ContainerStatusJson<'a>>>,
+    container_statuses: Option<Vec<ContainerStatusJson<'a>>>,
 }
 
-#[derive(Deserialize)]
+fn status<'a>(scan: &mut Scan<'a>) -> Step<StatusJson<'a>> {
+    let (mut status, mut seen) = (StatusJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "phase" => (seen.first(0)?, status.phase = text(scan)?),
+            "reason" => (seen.first(1)?, status.reason = text(scan)?),
+            "initContainerStatuses" => (
+                seen.first(2)?,
+                status.init_container_statuses = list(scan, container_status)?,
+            ),
+            "containerStatuses" => (
+                seen.first(3)?,
+                status.container_statuses = list(scan, container_status)?,
+            ),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(status)
+}
+
+#[derive(Default)]
 struct ContainerStatusJson<'a> {
-    #[serde(borrow, default)]
     name: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    state: Option<Object<StateJson<'a>>>,
+    state: Option<StateJson<'a>>,
 }
 
-#[derive(Deserialize)]
+fn container_status<'a>(scan: &mut Scan<'a>) -> Step<ContainerStatusJson<'a>> {
+    let (mut status, mut seen) = (ContainerStatusJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "name" => (seen.first(0)?, status.name = text(scan)?),
+            "state" => (seen.first(1)?, status.state = nullable(scan, state)?),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(status)
+}
+
+#[derive(Default)]
 struct StateJson<'a> {
-    #[serde(borrow, default)]
-    waiting: Option<Object<WaitingJson<'a>>>,
-    #[serde(borrow, default)]
-    terminated: Option<Object<TerminatedJson<'a>>>,
+    waiting: Option<WaitingJson<'a>>,
+    terminated: Option<TerminatedJson<'a>>,
 }
 
-#[derive(Deserialize)]
+fn state<'a>(scan: &mut Scan<'a>) -> Step<StateJson<'a>> {
+    let (mut state, mut seen) = (StateJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "waiting" => (seen.first(0)?, state.waiting = nullable(scan, waiting)?),
+            "terminated" => (
+                seen.first(1)?,
+                state.terminated = nullable(scan, terminated)?,
+            ),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(state)
+}
+
+#[derive(Default)]
 struct WaitingJson<'a> {
-    #[serde(borrow, default)]
     reason: Option<Text<'a>>,
-    #[serde(borrow, default)]
     message: Option<Text<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+fn waiting<'a>(scan: &mut Scan<'a>) -> Step<WaitingJson<'a>> {
+    let (mut waiting, mut seen) = (WaitingJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "reason" => (seen.first(0)?, waiting.reason = text(scan)?),
+            "message" => (seen.first(1)?, waiting.message = text(scan)?),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(waiting)
+}
+
+#[derive(Default)]
 struct TerminatedJson<'a> {
-    #[serde(default)]
     exit_code: Option<i32>,
-    #[serde(borrow, default)]
     reason: Option<Text<'a>>,
+}
+
+fn terminated<'a>(scan: &mut Scan<'a>) -> Step<TerminatedJson<'a>> {
+    let (mut terminated, mut seen) = (TerminatedJson::default(), Seen::default());
+    scan.object(|key, scan| {
+        match key {
+            "exitCode" => (seen.first(0)?, terminated.exit_code = exit_code(scan)?),
+            "reason" => (seen.first(1)?, terminated.reason = text(scan)?),
+            _ => return scan.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(terminated)
+}
+
+/// An `i32` as serde reads one from JSON (no fraction, no exponent, in range), or `null`.
+fn exit_code(scan: &mut Scan<'_>) -> Step<Option<i32>> {
+    nullable(scan, |scan| {
+        let number = scan.number()?;
+        number.parse::<i32>().map_err(|_| Decline)
+    })
 }
 
 impl PodJson<'_> {
@@ -318,10 +430,10 @@ impl PodJson<'_> {
         let labels = meta.and_then(|m| m.labels.as_ref());
         let status = self.status.as_ref();
         PodFacts {
-            uid: meta.and_then(|m| text(&m.uid)),
-            namespace: meta.and_then(|m| text(&m.namespace)),
-            name: meta.and_then(|m| text(&m.name)),
-            resource_version: meta.and_then(|m| text(&m.resource_version)),
+            uid: meta.and_then(|m| as_str(&m.uid)),
+            namespace: meta.and_then(|m| as_str(&m.namespace)),
+            name: meta.and_then(|m| as_str(&m.name)),
+            resource_version: meta.and_then(|m| as_str(&m.resource_version)),
             creation_unix_ms: meta
                 .and_then(|m| m.creation_timestamp.as_ref())
                 .map(unix_ms),
@@ -329,24 +441,24 @@ impl PodJson<'_> {
                 .and_then(|m| m.deletion_timestamp.as_ref())
                 .map(unix_ms),
             labels: Labels {
-                owner: labels.and_then(|l| text(&l.owner)),
-                done: labels.and_then(|l| text(&l.done)),
-                revoked: labels.and_then(|l| text(&l.revoked)),
+                owner: labels.and_then(|l| as_str(&l.owner)),
+                done: labels.and_then(|l| as_str(&l.done)),
+                revoked: labels.and_then(|l| as_str(&l.revoked)),
             },
             annotations: meta
                 .and_then(|m| m.annotations.as_ref())
                 .map(|a| KeyAnnotations {
-                    dag_id: text(&a.dag_id),
-                    task_id: text(&a.task_id),
-                    run_id: text(&a.run_id),
-                    try_number: text(&a.try_number),
-                    map_index: text(&a.map_index),
-                    logical_date: text(&a.logical_date),
-                    execution_date: text(&a.execution_date),
-                    task_instance_id: text(&a.task_instance_id),
+                    dag_id: as_str(&a.dag_id),
+                    task_id: as_str(&a.task_id),
+                    run_id: as_str(&a.run_id),
+                    try_number: as_str(&a.try_number),
+                    map_index: as_str(&a.map_index),
+                    logical_date: as_str(&a.logical_date),
+                    execution_date: as_str(&a.execution_date),
+                    task_instance_id: as_str(&a.task_instance_id),
                 }),
-            phase: status.and_then(|s| text(&s.phase)),
-            status_reason: status.and_then(|s| text(&s.reason)),
+            phase: status.and_then(|s| as_str(&s.phase)),
+            status_reason: status.and_then(|s| as_str(&s.reason)),
             first_container: self
                 .spec
                 .as_ref()
@@ -373,11 +485,11 @@ impl ContainerStatusJson<'_> {
     }
 }
 
-fn text<'a>(value: &'a Option<Text<'_>>) -> Option<&'a str> {
+fn as_str<'a>(value: &'a Option<Text<'_>>) -> Option<&'a str> {
     value.as_deref()
 }
 
-fn statuses<'a>(list: Option<&'a [Object<ContainerStatusJson<'_>>]>) -> Vec<StatusFacts<'a>> {
+fn statuses<'a>(list: Option<&'a [ContainerStatusJson<'_>]>) -> Vec<StatusFacts<'a>> {
     list.map(|l| l.iter().map(|s| s.facts()).collect())
         .unwrap_or_default()
 }
