@@ -4,8 +4,11 @@
 //!
 //! [`TaskRecord::decide`]: crate::record::TaskRecord::decide
 
-use std::collections::HashMap;
 use std::convert::Infallible;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use podstream_proto::PodEvent;
 use podstream_proto::v1::TaskKey;
@@ -125,7 +128,10 @@ pub const DEFAULT_FINISHED_TASKS: usize = 10_000;
 /// everything ever seen.
 #[derive(Debug)]
 pub struct MemoryStore {
-    records: HashMap<TaskKey, TaskRecord, FastHash>,
+    /// Each record boxed with its key, so a slot of the table is a pointer: the table is a
+    /// few bytes per task instance, and growing it moves pointers, never records.
+    records: HashTable<Box<(TaskKey, TaskRecord)>>,
+    hasher: FastHash,
     /// Finished task instances, oldest first.
     finished: hashlink::LinkedHashSet<TaskKey, FastHash>,
     finished_limit: usize,
@@ -141,7 +147,8 @@ impl MemoryStore {
     /// A store that keeps at most `limit` finished task instances.
     pub fn keeping_finished(limit: usize) -> MemoryStore {
         MemoryStore {
-            records: HashMap::default(),
+            records: HashTable::new(),
+            hasher: FastHash::default(),
             finished: hashlink::LinkedHashSet::default(),
             finished_limit: limit,
         }
@@ -149,8 +156,12 @@ impl MemoryStore {
 
     /// Number of pods and task instances remembered.
     pub fn len(&self) -> (usize, usize) {
-        let pods = self.records.values().map(|r| r.pods.len()).sum();
-        let tasks = self.records.values().filter(|r| r.task.is_some()).count();
+        let pods = self.records.iter().map(|entry| entry.1.pods.len()).sum();
+        let tasks = self
+            .records
+            .iter()
+            .filter(|entry| entry.1.task.is_some())
+            .count();
         (pods, tasks)
     }
 
@@ -161,7 +172,12 @@ impl MemoryStore {
 
     /// The state of task instance `key`, if any pod maps to it.
     pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
-        self.records.get(key)?.task.as_ref()
+        let hash = self.hasher.hash_one(key);
+        self.records
+            .find(hash, |entry| entry.0 == *key)?
+            .1
+            .task
+            .as_ref()
     }
 
     /// Whether nothing is remembered.
@@ -185,10 +201,19 @@ impl StateStore for MemoryStore {
         key: &TaskKey,
         change: impl FnOnce(&mut TaskRecord) -> T,
     ) -> Result<T, Infallible> {
-        let record = match self.records.get_mut(key) {
-            Some(record) => record,
-            None => self.records.entry(key.clone()).or_default(),
+        let hasher = &self.hasher;
+        let hash = hasher.hash_one(key);
+        let entry = match self.records.entry(
+            hash,
+            |entry| entry.0 == *key,
+            |entry| hasher.hash_one(&entry.0),
+        ) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry
+                .insert(Box::new((key.clone(), TaskRecord::default())))
+                .into_mut(),
         };
+        let record = &mut entry.1;
         // Only records that finish or come back touch the set: a live TI's event costs nothing.
         let was_finished = finished(record);
         let result = change(record);
@@ -197,7 +222,11 @@ impl StateStore for MemoryStore {
                 self.finished.insert(key.clone());
                 while self.finished.len() > self.finished_limit {
                     if let Some(oldest) = self.finished.pop_front() {
-                        self.records.remove(&oldest);
+                        let hash = self.hasher.hash_one(&oldest);
+                        if let Ok(entry) = self.records.find_entry(hash, |entry| entry.0 == oldest)
+                        {
+                            entry.remove();
+                        }
                     }
                 }
             }
