@@ -77,7 +77,11 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
         }
     };
     let stdout = io::stdout();
-    let summary = decide_stream(input, &mut stdout.lock(), args.rules.rules())?;
+    let mut processor = Processor::new(args.rules.rules(), MemoryStore::default());
+    let summary = decide_stream(input, &mut stdout.lock(), &mut processor)?;
+    // The command ends here, and the process's exit frees its memory at once: dropping the
+    // state would free every task record one by one first.
+    std::mem::forget(processor);
     info!(
         events = summary.events,
         commands = summary.commands,
@@ -87,7 +91,7 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
-/// Decides every pod event of `input` in order, writing JSON lines to `out`.
+/// Decides every pod event of `input` in order with `processor`, writing JSON lines to `out`.
 /// Fails only when the input cannot be read or the output written.
 ///
 /// Worker threads read the input ahead and project its lines (the bulk of the work); this
@@ -95,9 +99,8 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
 pub fn decide_stream(
     input: Box<dyn Read + Send>,
     out: &mut impl Write,
-    rules: Rules,
+    processor: &mut Processor<MemoryStore>,
 ) -> anyhow::Result<Summary> {
-    let mut processor = Processor::new(rules, MemoryStore::default());
     let mut spark_jobs = SparkJobs::default();
     let mut summary = Summary::default();
     let mut out = io::BufWriter::new(out);
@@ -108,7 +111,7 @@ pub fn decide_stream(
     while let Some(read) = frames.next_with(|line_no, _| projections.take(line_no)) {
         let value = match read.context("cannot read input")? {
             Next::Fast(event) => {
-                decide_one(&mut processor, Ok(event), &mut out, &mut summary)?;
+                decide_one(processor, Ok(event), &mut out, &mut summary)?;
                 flush_when_idle(&mut frames, &mut out)?;
                 continue;
             }
@@ -137,10 +140,10 @@ pub fn decide_stream(
                     decide_spark(&mut spark_jobs, item, &mut out, &mut summary)?;
                 }
                 for other in split.others {
-                    decide_workers(&other.to_string(), &mut processor, &mut out, &mut summary)?;
+                    decide_workers(&other.to_string(), processor, &mut out, &mut summary)?;
                 }
             }
-            None => decide_workers(raw, &mut processor, &mut out, &mut summary)?,
+            None => decide_workers(raw, processor, &mut out, &mut summary)?,
         }
         flush_when_idle(&mut frames, &mut out)?;
     }

@@ -187,16 +187,17 @@ impl<R: BufRead> JsonFrames<R> {
 }
 
 impl<R: BufRead> JsonFrames<R> {
-    /// The next item, offering each line that holds one whole object (it starts with `{` and
-    /// ends with `}`, outside any value) to `fast` first, with its line number (from 1). When
-    /// `fast` takes the line (`Some`), its result is the item and the line is not framed: `fast`
-    /// must then have read the line as one valid JSON value, as a full deserialization does.
+    /// The next item, offering each line that may hold one whole object (it starts with `{`
+    /// and ends with `}`, outside any value) to `fast` first, with its line number (from 1), as
+    /// bytes without the surrounding whitespace, not yet checked to be UTF-8. When `fast` takes
+    /// the line (`Some`), its result is the item and the line is not framed: `fast` must then
+    /// have read the line as one valid JSON value, as a full deserialization does.
     /// When it declines, the line is framed as usual. Lines are read once either way; nearly
     /// every line of `kubectl -o json -w` is such an object, so the common case parses each
     /// event once, not twice, and reads it where the reader buffered it, without a copy.
     pub fn next_with<T>(
         &mut self,
-        mut fast: impl FnMut(usize, &str) -> Option<T>,
+        mut fast: impl FnMut(usize, &[u8]) -> Option<T>,
     ) -> Option<io::Result<Next<T>>> {
         loop {
             if let Some(frame) = self.ready.pop_front() {
@@ -217,7 +218,7 @@ impl<R: BufRead> JsonFrames<R> {
                 // A whole line in the buffer, as `read_until` below would read it uncut.
                 if let Some(end) = memchr::memchr(b'\n', buffer).filter(|end| *end <= self.limit) {
                     let line_no = self.line_no + 1;
-                    match one_object(&buffer[..=end]).and_then(|text| fast(line_no, text)) {
+                    match object_shaped(&buffer[..=end]).and_then(|line| fast(line_no, line)) {
                         Some(taken) => {
                             self.reader.consume(end + 1);
                             self.line_no = line_no;
@@ -252,9 +253,9 @@ impl<R: BufRead> JsonFrames<R> {
                     let offered = !declined && !cut && self.value.is_empty() && !self.skipping;
                     let line_no = self.line_no;
                     if let Some(taken) = offered
-                        .then(|| one_object(&self.line))
+                        .then(|| object_shaped(&self.line))
                         .flatten()
-                        .and_then(|text| fast(line_no, text))
+                        .and_then(|line| fast(line_no, line))
                     {
                         return Some(Ok(Next::Fast(taken)));
                     }
@@ -293,11 +294,13 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
 /// The line's text when it may hold one object: UTF-8, `{` first and `}` last (around
 /// whitespace). Whether it truly is one is for the reader that takes it to find out.
 pub fn one_object(line: &[u8]) -> Option<&str> {
+    std::str::from_utf8(object_shaped(line)?).ok()
+}
+
+/// The line without its surrounding whitespace when it starts with `{` and ends with `}`.
+fn object_shaped(line: &[u8]) -> Option<&[u8]> {
     let trimmed = line.trim_ascii();
-    if trimmed.first() != Some(&b'{') || trimmed.last() != Some(&b'}') {
-        return None;
-    }
-    std::str::from_utf8(trimmed).ok()
+    (trimmed.first() == Some(&b'{') && trimmed.last() == Some(&b'}')).then_some(trimmed)
 }
 
 #[cfg(test)]
@@ -420,9 +423,11 @@ mod tests {
     fn with_fast(input: &str) -> Vec<String> {
         let mut frames = JsonFrames::new(input.as_bytes());
         let mut out = Vec::new();
-        while let Some(next) =
-            frames.next_with(|_, line| line.contains("fast").then_some(line.len()))
-        {
+        while let Some(next) = frames.next_with(|_, line| {
+            one_object(line)
+                .filter(|text| text.contains("fast"))
+                .map(str::len)
+        }) {
             out.push(match next.unwrap() {
                 Next::Fast(len) => format!("fast: {len} bytes"),
                 Next::Frame(Frame::Value(v)) => v.get().to_owned(),

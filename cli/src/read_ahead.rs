@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::json_stream::one_object;
 
-/// How much a worker reads at once: a few hundred events, little memory in flight.
-const READ_BYTES: usize = 64 * 1024;
+/// How much a worker reads at once: a few hundred events. Smaller blocks hand over more often
+/// (each handover may wake a thread), larger ones hold more memory in flight.
+const READ_BYTES: usize = 384 * 1024;
 
 /// The most worker threads: beyond a few, the deciding thread is the bound.
 const MAX_WORKERS: usize = 4;
