@@ -10,7 +10,7 @@
 //!   checkpoint; [`leadership`]: the Lease that elects one ingest, and its write fence;
 //!   [`service`]: `podstream ingest`, the watch loop that ties them together.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
-//!   projection needs (`decide`'s fast path).
+//!   projection needs (`decide`'s fast path), walked by [`json_scan`].
 //! - [`watched_pod`]: the pod type the ingest watches: projected as it is read, kept as text
 //!   only when it cannot be (for its dead letter).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,

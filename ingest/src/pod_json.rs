@@ -1,5 +1,5 @@
-//! A pod watch event projected straight from its JSON text, reading only the
-//! fields the projection needs and skipping the rest unparsed.
+//! A pod watch event projected straight from its JSON text by [`crate::json_scan`],
+//! reading only the fields the projection needs and skipping the rest unbuilt.
 //!
 //! `podstream decide` reads most of its input this way: a worker pod is about a
 //! kilobyte of JSON, of which the rules read a tenth, and building k8s-openapi's
@@ -10,8 +10,8 @@
 //!
 //! Fields it reads are read as k8s-openapi reads them (a `null` or absent
 //! required field is its default), so both paths project a valid pod alike.
-//! Fields it skips are not checked: a pod malformed only where the rules never
-//! look is still decided.
+//! Fields it skips are checked to be JSON, not to be what a pod holds there: a pod
+//! malformed only where the rules never look is still decided.
 
 use std::borrow::Cow;
 
