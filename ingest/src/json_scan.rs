@@ -4,7 +4,7 @@
 //! scan checks the text is that. What it skips is checked as serde_json checks it (strings,
 //! escapes, numbers, literals, brackets), but nothing is built from it: no tokens, no values,
 //! no copies. Any doubt, be it invalid JSON, a key holding escapes or nesting deeper than
-//! [`MAX_DEPTH`], is a [`Decline`]: the caller then hands the text to serde_json, which
+//! `MAX_DEPTH` levels, is a [`Decline`]: the caller then hands the text to serde_json, which
 //! says precisely what is wrong.
 
 use std::borrow::Cow;
