@@ -92,10 +92,7 @@ impl Seen {
 
 /// A string or `null`.
 fn text<'a>(scan: &mut Scan<'a>) -> Step<Option<Text<'a>>> {
-    if scan.null() {
-        return Ok(None);
-    }
-    scan.string().map(Some)
+    nullable(scan, Scan::string)
 }
 
 /// `read`, or `None` for `null`.
@@ -416,11 +413,11 @@ fn terminated<'a>(scan: &mut Scan<'a>) -> Step<TerminatedJson<'a>> {
     Ok(terminated)
 }
 
-/// An `i32` as serde reads one from JSON (no fraction, no exponent, in range), or `null`.
+/// An `i32` as serde reads one from JSON, or `null`.
 fn exit_code(scan: &mut Scan<'_>) -> Step<Option<i32>> {
     nullable(scan, |scan| {
-        let number = scan.number()?;
-        number.parse::<i32>().map_err(|_| Decline)
+        // serde_json's own reading: it takes `-0` for a float, and so refuses it, for one.
+        serde_json::from_str::<i32>(scan.number()?).map_err(|_| Decline)
     })
 }
 

@@ -283,7 +283,12 @@ fn typed_fast_path_agrees_with_the_generic_reader() {
 
 /// What the generic path (`read_value`, k8s-openapi's `Pod`, `project`) makes of one value.
 fn generic(value: Value) -> Vec<Option<Projected>> {
-    read_value(value)
+    projected(read_value(value))
+}
+
+/// Each item's projection, `None` for what is not a pod.
+fn projected(items: Vec<WatchItem>) -> Vec<Option<Projected>> {
+    items
         .into_iter()
         .map(|item| match item {
             WatchItem::Pod { event_type, pod } => {
@@ -352,6 +357,40 @@ fn lean_reader_agrees_with_the_generic_path_on_real_shaped_pods() {
         json!({"kind": "PodList", "items": [worker_pod()]}),
     ] {
         assert_eq!(project_watch_event(&other.to_string()), None, "{other}");
+    }
+}
+
+/// Exit codes as raw JSON numbers: the lean reader takes what serde reads as an `i32` and
+/// leaves the rest (`-0` and anything with a fraction or an exponent are floats to serde, or
+/// out of range) to the generic path.
+#[test]
+fn lean_reader_reads_exit_codes_as_serde_does() {
+    let failed = with(
+        with(worker_pod(), "/status/phase", json!("Failed")),
+        "/status/containerStatuses",
+        json!([{"name": "base", "state": {"terminated": {"exitCode": 4242, "reason": "Error"}}}]),
+    );
+    let template = json!({"type": "MODIFIED", "object": failed}).to_string();
+    for (code, taken) in [
+        ("137", true),
+        ("-1", true),
+        ("-2147483648", true),
+        ("null", true),
+        ("-0", false),
+        ("1.0", false),
+        ("1e2", false),
+        ("2147483648", false),
+    ] {
+        let text = template.replace("4242", code);
+        let lean = project_watch_event(&text);
+        assert_eq!(lean.is_some(), taken, "exit code {code}");
+        if let Some(lean) = lean {
+            assert_eq!(
+                vec![Some(lean)],
+                projected(read_json(&text)),
+                "exit code {code}"
+            );
+        }
     }
 }
 
