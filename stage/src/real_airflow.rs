@@ -650,7 +650,7 @@ impl RealAirflow {
         }
     }
 
-    /// What the database says that the timeline does not: whether each DAG is active and
+    /// What the database says that the timeline does not: whether each DAG is live and
     /// unpaused (a scheduler examines only those runs), and every open transaction (a run
     /// whose row a dead session still locks is skipped by every scheduler).
     fn database_state(&self) -> String {
@@ -662,9 +662,13 @@ impl RealAirflow {
                 .join("\n")
         };
         format!(
-            "--- dags (dag_id | is_active | is_paused):\n{}\n\
+            "--- dags (dag_id | is_active, before Airflow 3 | is_stale, from Airflow 3 | is_paused):\n{}\n\
              --- open transactions (pid | state | age | query):\n{}",
-            rows("SELECT dag_id, is_active, is_paused FROM dag ORDER BY dag_id"),
+            // Read through to_jsonb: Airflow 3 replaced `is_active` with `is_stale`.
+            rows(
+                "SELECT dag_id, to_jsonb(d) ->> 'is_active', to_jsonb(d) ->> 'is_stale', \
+                 is_paused FROM dag d ORDER BY dag_id"
+            ),
             rows(
                 "SELECT pid, state, now() - xact_start, \
                  regexp_replace(left(query, 100), '\\s+', ' ', 'g') FROM pg_stat_activity \
