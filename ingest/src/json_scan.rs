@@ -118,15 +118,24 @@ impl<'a> Scan<'a> {
     }
 
     /// An object, handing each key to `entry`, which must read or skip its value.
-    pub fn object(&mut self, entry: impl FnMut(&'a str, &mut Self) -> Step<()>) -> Step<()> {
+    pub fn object(&mut self, mut entry: impl FnMut(&'a str, &mut Self) -> Step<()>) -> Step<()> {
         self.eat(b'{')?;
-        self.nested(|scan| scan.object_entries(entry))
+        self.nested(|scan| {
+            scan.elements(b'}', |scan| {
+                if scan.peek() != Some(b'"') {
+                    return Err(Decline);
+                }
+                let key = scan.plain_string()?;
+                scan.eat(b':')?;
+                entry(key, scan)
+            })
+        })
     }
 
     /// An array, calling `element` for each element, which must read or skip it.
     pub fn array(&mut self, element: impl FnMut(&mut Self) -> Step<()>) -> Step<()> {
         self.eat(b'[')?;
-        self.nested(|scan| scan.array_elements(element))
+        self.nested(|scan| scan.elements(b']', element))
     }
 
     /// Runs `inside` one level deeper, down to [`MAX_DEPTH`].
@@ -140,34 +149,10 @@ impl<'a> Scan<'a> {
         Ok(())
     }
 
-    fn object_entries(
-        &mut self,
-        mut entry: impl FnMut(&'a str, &mut Self) -> Step<()>,
-    ) -> Step<()> {
-        if self.peek() == Some(b'}') {
-            self.at += 1;
-            return Ok(());
-        }
-        loop {
-            if self.peek() != Some(b'"') {
-                return Err(Decline);
-            }
-            let key = self.plain_string()?;
-            self.eat(b':')?;
-            entry(key, self)?;
-            match self.peek() {
-                Some(b',') => self.at += 1,
-                Some(b'}') => {
-                    self.at += 1;
-                    return Ok(());
-                }
-                _ => return Err(Decline),
-            }
-        }
-    }
-
-    fn array_elements(&mut self, mut element: impl FnMut(&mut Self) -> Step<()>) -> Step<()> {
-        if self.peek() == Some(b']') {
+    /// The comma-separated elements of an object or array, each read by `element`, through
+    /// `close`, its closing bracket.
+    fn elements(&mut self, close: u8, mut element: impl FnMut(&mut Self) -> Step<()>) -> Step<()> {
+        if self.peek() == Some(close) {
             self.at += 1;
             return Ok(());
         }
@@ -175,7 +160,7 @@ impl<'a> Scan<'a> {
             element(self)?;
             match self.peek() {
                 Some(b',') => self.at += 1,
-                Some(b']') => {
+                Some(byte) if byte == close => {
                     self.at += 1;
                     return Ok(());
                 }
