@@ -28,6 +28,41 @@ pub fn workspace_root() -> PathBuf {
 
 static BINARY: OnceLock<PathBuf> = OnceLock::new();
 
+/// What a watcher kills once this process has ended.
+#[derive(Debug, Clone, Copy)]
+pub enum Doomed {
+    /// One process.
+    Process(u32),
+    /// A process group (a server and the children it keeps in its group).
+    Group(u32),
+}
+
+/// Starts a watcher, in a session of its own, that kills `doomed` with SIGKILL once this
+/// process has ended. A test process killed outright (a CI timeout, a Ctrl-C on the suite)
+/// drops nothing, yet the servers it started must not outlive it; a watcher whose target
+/// already ended kills nothing of note and exits too.
+pub fn kill_when_this_process_ends(doomed: Doomed) {
+    let target = match doomed {
+        Doomed::Process(pid) => pid.to_string(),
+        Doomed::Group(group) => format!("-{group}"),
+    };
+    let script = format!(
+        // dash, Debian's sh, takes no `--` before a negative (group) id.
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -9 {target} 2>/dev/null",
+        pid = std::process::id(),
+    );
+    // Its own session: a signal to the test's process group does not end it first.
+    let spawned = Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Err(error) = spawned {
+        eprintln!("no watcher for {doomed:?}: {error}");
+    }
+}
+
 /// Makes `path` the `podstream` binary the stage runs (the demo passes its own), if none was
 /// chosen yet.
 pub fn use_podstream_binary(path: PathBuf) {

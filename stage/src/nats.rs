@@ -35,6 +35,13 @@ impl NatsServer {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let server = LocalServer::start(&nats_server_binary(), dir.path(), free_port())
             .unwrap_or_else(|e| panic!("{e}"));
+        NatsServer::watched(server, dir)
+    }
+
+    fn watched(server: LocalServer, dir: tempfile::TempDir) -> NatsServer {
+        if let Some(pid) = server.pid() {
+            crate::kill_when_this_process_ends(crate::Doomed::Process(pid));
+        }
         NatsServer { server, _dir: dir }
     }
 
@@ -59,7 +66,7 @@ impl NatsServer {
             Some(config),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        NatsServer { server, _dir: dir }
+        NatsServer::watched(server, dir)
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -93,6 +100,9 @@ impl NatsServer {
     /// When it cannot start again.
     pub fn restart(&mut self) {
         self.server.restart().unwrap_or_else(|e| panic!("{e}"));
+        if let Some(pid) = self.server.pid() {
+            crate::kill_when_this_process_ends(crate::Doomed::Process(pid));
+        }
     }
 }
 
@@ -143,6 +153,7 @@ impl NatsCluster {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("starting nats-server node {index}: {e}"));
+            crate::kill_when_this_process_ends(crate::Doomed::Process(child.id()));
             nodes.push(Some(child));
             logs.push(log);
         }

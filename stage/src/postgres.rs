@@ -121,7 +121,41 @@ impl PgCluster {
             tls: tls.is_some(),
         };
         cluster.pg_ctl_start();
+        cluster.stop_when_this_process_ends();
         cluster
+    }
+
+    /// Starts a watcher that stops the server and removes its files once this process has
+    /// ended: a cluster in a `static` is never dropped, and a test process killed outright
+    /// drops nothing, yet its PostgreSQL must not outlive it.
+    fn stop_when_this_process_ends(&self) {
+        let pg_ctl = pg_bin().join("pg_ctl");
+        let runner = if is_root() {
+            "runuser -u postgres -- "
+        } else {
+            ""
+        };
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+             {runner}'{pg_ctl}' -D '{data}' -m immediate -w stop >/dev/null 2>&1; rm -rf '{dir}'",
+            pid = std::process::id(),
+            pg_ctl = pg_ctl.display(),
+            data = self.dir.path().join("data").display(),
+            dir = self.dir.path().display(),
+        );
+        // Its own session: a signal to the test's process group does not end it first.
+        let spawned = Command::new("setsid")
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if let Err(error) = spawned {
+            eprintln!(
+                "no watcher for the PostgreSQL cluster at {}: {error}",
+                self.dir.path().display()
+            );
+        }
     }
 
     fn pg_ctl_start(&self) {

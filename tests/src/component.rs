@@ -22,6 +22,25 @@ impl Component {
         Component::start_with_env(binary, args, kubeconfig, &[])
     }
 
+    /// `podstream run` of this tree on NATS at `nats` and the database at `db`, watching the
+    /// simulator's namespace ([`crate::recovery::NS`]), with `more` flags.
+    ///
+    /// # Panics
+    /// When it cannot be started.
+    pub fn run(nats: &str, db: &str, kubeconfig: &Path, more: &[&str]) -> Component {
+        let mut args = vec![
+            "run",
+            "--nats",
+            nats,
+            "--db",
+            db,
+            "--namespaces",
+            crate::recovery::NS,
+        ];
+        args.extend_from_slice(more);
+        Component::start(crate::podstream_binary(), &args, kubeconfig)
+    }
+
     /// [`Component::start`] with more environment variables, kept for restarts.
     ///
     /// # Panics
@@ -124,7 +143,7 @@ impl Drop for Component {
 }
 
 fn spawn(binary: &Path, args: &[String], kubeconfig: &str, env: &[(String, String)]) -> Child {
-    Command::new(binary)
+    let child = Command::new(binary)
         .args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("KUBECONFIG", kubeconfig)
@@ -134,5 +153,7 @@ fn spawn(binary: &Path, args: &[String], kubeconfig: &str, env: &[(String, Strin
         )
         .stdout(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {} {args:?}: {e}", binary.display()))
+        .unwrap_or_else(|e| panic!("starting {} {args:?}: {e}", binary.display()));
+    podstream_stage::kill_when_this_process_ends(podstream_stage::Doomed::Process(child.id()));
+    child
 }

@@ -260,3 +260,85 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// The JSON forms users feed `podstream decide`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonForm {
+    /// One value per line, no whitespace: what the apiserver sends.
+    Compact,
+    /// One value per line, a space after each `:` and `,`: Python's default `json.dumps`.
+    Python,
+    /// Pretty-printed with a four-space indent: what `kubectl ... -o json -w` prints.
+    Kubectl,
+}
+
+impl JsonForm {
+    /// Every form, compact first.
+    pub const ALL: [JsonForm; 3] = [JsonForm::Compact, JsonForm::Python, JsonForm::Kubectl];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            JsonForm::Compact => "compact",
+            JsonForm::Python => "python-default",
+            JsonForm::Kubectl => "kubectl-pretty",
+        }
+    }
+
+    /// Appends `value` in this form to `out`, and a newline.
+    ///
+    /// # Panics
+    /// Never for a `serde_json::Value` (its serialization cannot fail into a `Vec`).
+    pub fn write(self, value: &serde_json::Value, out: &mut Vec<u8>) {
+        use serde::Serialize as _;
+        let written = match self {
+            JsonForm::Compact => value.serialize(&mut serde_json::Serializer::new(&mut *out)),
+            JsonForm::Python => value.serialize(&mut serde_json::Serializer::with_formatter(
+                &mut *out,
+                PythonDefault,
+            )),
+            JsonForm::Kubectl => value.serialize(&mut serde_json::Serializer::with_formatter(
+                &mut *out,
+                serde_json::ser::PrettyFormatter::with_indent(b"    "),
+            )),
+        };
+        written.unwrap_or_else(|e| panic!("serializing a JSON value: {e}"));
+        out.push(b'\n');
+    }
+}
+
+/// Python's default `json.dumps`: a space after each `:` and `,`.
+struct PythonDefault;
+
+impl serde_json::ser::Formatter for PythonDefault {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
