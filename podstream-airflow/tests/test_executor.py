@@ -156,6 +156,49 @@ def test_commands_enter_airflows_result_path_and_are_acked_after(world, make_com
         executor.end()
 
 
+def test_a_fail_for_a_task_not_launched_or_adopted_here_enters_nothing(world, make_command):
+    """A fail under this scheduler's job id for a task it never launched or adopted (a forged
+    pod labelled with the job id) enters nothing: no event, the pod it names is not deleted."""
+    executor = started_executor()
+    try:
+        stranger = make_command("fail", task_id="stranger", reason="pod_failed")
+        own = make_command("fail", task_id="own", reason="pod_failed")
+        executor.running.add(key_of(own))
+        assert executor.take_command(_delivery(stranger)) is None
+        executor.sync()
+        assert key_of(stranger) not in executor.event_buffer
+        event = executor.take_command(_delivery(own))
+        assert event is not None and event.state == "failed", "a fail for its own task enters"
+        executor.sync()
+        assert executor.event_buffer[key_of(own)][0] == "failed"
+    finally:
+        executor.end()
+
+
+def _delivery(cmd):
+    from podstream_airflow.consumer import Delivery
+
+    return Delivery(payload=cmd.SerializeToString(), subject="podstream.commands.7.uid", message=None)
+
+
+def test_a_command_is_acked_only_after_the_scheduler_loop_committed_its_event(world, make_command):
+    """The event a command produces is committed by the scheduler loop after ``sync`` returns:
+    the command is acked by the next ``sync``, so a scheduler killed in between leaves it
+    unacked rather than lost."""
+    executor = started_executor()
+    try:
+        failed = make_command("fail", task_id="held", reason="pod_failed", container_reason="Error")
+        executor.running.add(key_of(failed))
+        run(_publish(world.url, [("podstream.commands.7.uid-held", failed.SerializeToString())]))
+        wait_for(executor.podstream.connected.is_set, what="the consumer")
+        sync_until(executor, lambda: key_of(failed) in executor.event_buffer, "the command taken")
+        assert run(_pending(world.url, "podstream-airflow-7")) == (0, 1), "taken, not yet acked"
+        executor.sync()
+        wait_for(lambda: run(_pending(world.url, "podstream-airflow-7")) == (0, 0), what="the ack")
+    finally:
+        executor.end()
+
+
 def test_a_scheduler_restart_resumes_from_its_consumer(world, make_command):
     first = started_executor()
     wait_for(first.podstream.connected.is_set, what="the first consumer")
@@ -327,7 +370,7 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
     secured.mkdir()
     config = secured / "nats-server.conf"
     config.write_text(users.read_text())
-    passwords = {name: f"{name}-pw" for name in ("INGEST", "PROCESS", "SINK", "AIRFLOW", "READER")}
+    passwords = {name: f"{name}-pw" for name in ("INGEST", "PROCESS", "SINK", "AIRFLOW", "SPARK", "READER")}
     nats_server = Nats(
         secured / "js",
         config=config,
@@ -362,10 +405,15 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
             assert state == "failed"
         finally:
             executor.end()
-        # PodstreamSparkKubernetesOperator reads the Spark bucket the processor writes.
+        # PodstreamSparkKubernetesOperator, in a worker pod with the read-only Spark user,
+        # reads the Spark bucket the processor writes.
         from podstream_airflow.config import PodstreamConfig
         from podstream_airflow.spark import chosen_driver
 
+        spark_password = tmp_path / "spark.pw"
+        spark_password.write_text(passwords["SPARK"] + "\n")
+        monkeypatch.setenv("AIRFLOW__PODSTREAM__USER", "podstream-spark")
+        monkeypatch.setenv("AIRFLOW__PODSTREAM__PASSWORD_FILE", str(spark_password))
         key = "job.airflow.etl.crunch.r1.-1"
         run(_put_spark_choice(nats_server.url, key, "crunch-driver", **processor))
         chosen = chosen_driver(PodstreamConfig.from_airflow("spark"), key)

@@ -60,6 +60,8 @@ def test_defaults():
     assert (c.subject_prefix, c.consumer, c.ack_wait_seconds) == ("podstream", "podstream-airflow-7", 60.0)
     assert c.spark_bucket == "podstream-spark"
     assert config(spark_bucket=" spark-choices ").spark_bucket == "spark-choices"
+    # A second deployment's prefix names its bucket, as podstream names it.
+    assert config(subject_prefix="team.b").spark_bucket == "team-b-spark"
     assert c.connect_options() == {"servers": ["nats://127.0.0.1:4222"], "inbox_prefix": "_INBOX_podstream-airflow"}
 
 

@@ -10,6 +10,7 @@ package only adapts Airflow to them.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from packaging.version import Version
 
@@ -48,7 +49,20 @@ def check_supported(airflow: Version | None, provider: Version | None) -> None:
 
 check_supported(_installed("apache-airflow"), _installed("apache-airflow-providers-cncf-kubernetes"))
 
-from podstream_airflow.executor import PodstreamKubernetesExecutor  # noqa: E402
-from podstream_airflow.spark import PodstreamSparkKubernetesOperator  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, not with the package: Airflow loads this package's provider entry
+    # point (provider_info) while it initializes its configuration, before the executor's
+    # Airflow modules can be imported (Airflow 3.3 fails with a circular import otherwise).
+    if name == "PodstreamKubernetesExecutor":
+        from podstream_airflow.executor import PodstreamKubernetesExecutor
+
+        return PodstreamKubernetesExecutor
+    if name == "PodstreamSparkKubernetesOperator":
+        from podstream_airflow.spark import PodstreamSparkKubernetesOperator
+
+        return PodstreamSparkKubernetesOperator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["PodstreamKubernetesExecutor", "PodstreamSparkKubernetesOperator", "UnsupportedAirflow", "check_supported"]

@@ -12,7 +12,7 @@
 | ``ca_file`` | | CA certificate to verify the server with |
 | ``cert_file``, ``key_file`` | | client certificate and key (mutual TLS) |
 | ``ack_wait_seconds`` | ``60`` | how long NATS waits for the executor to take a command before redelivering it |
-| ``spark_bucket`` | ``podstream-spark`` | KV bucket of the Spark jobs' chosen drivers (``podstream process --spark-bucket``), read by ``PodstreamSparkKubernetesOperator`` |
+| ``spark_bucket`` | ``<subject_prefix>-spark`` | KV bucket of the Spark jobs' chosen drivers (``podstream process --spark-bucket``), read by ``PodstreamSparkKubernetesOperator`` |
 """
 
 from __future__ import annotations
@@ -27,6 +27,54 @@ from podstream_airflow.wire import DEFAULT_PREFIX
 SECTION = "podstream"
 #: podstream's Spark bucket unless configured otherwise (``podstream process --spark-bucket``).
 DEFAULT_SPARK_BUCKET = "podstream-spark"
+#: The NATS server unless configured otherwise.
+DEFAULT_URL = "nats://127.0.0.1:4222"
+#: How long NATS waits for a command to be taken unless configured otherwise.
+DEFAULT_ACK_WAIT_SECONDS = 60.0
+
+
+def resource_name(prefix: str, role: str) -> str:
+    """``<prefix>-<role>``, dots as dashes: the name podstream gives a prefix's KV bucket
+    (``podstream-spark`` under the default prefix), as ``Subjects::resource_name`` does."""
+    return f"{prefix.replace('.', '-')}-{role}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One key of the ``[podstream]`` section, as Airflow's provider metadata lists it."""
+
+    key: str
+    description: str
+    default: Optional[str] = None
+    type: str = "string"
+    sensitive: bool = False
+
+
+#: Every key of the section (``airflow config list --section podstream`` shows them).
+OPTIONS = (
+    Option("url", "NATS server(s), comma-separated; tls:// requires TLS.", DEFAULT_URL),
+    Option("subject_prefix", "First token of podstream's subjects (podstream --prefix).", DEFAULT_PREFIX),
+    Option("consumer", "Durable consumer name; podstream-airflow-<scheduler job id> when unset."),
+    Option("creds_file", "NATS credentials file (JWT and nkey seed)."),
+    Option("nkey_file", "NATS nkey seed file."),
+    Option("user", "NATS user."),
+    Option("password_file", "File holding the NATS user's password."),
+    Option("token_file", "File holding a NATS token."),
+    Option("ca_file", "CA certificate to verify the NATS server with."),
+    Option("cert_file", "Client certificate for mutual TLS (with key_file)."),
+    Option("key_file", "Client key for mutual TLS (with cert_file)."),
+    Option(
+        "ack_wait_seconds",
+        "Seconds NATS waits for the executor to take a command before redelivering it.",
+        str(int(DEFAULT_ACK_WAIT_SECONDS)),
+        "float",
+    ),
+    Option(
+        "spark_bucket",
+        "KV bucket of the Spark jobs' chosen drivers (podstream process --spark-bucket); "
+        "<subject_prefix>-spark when unset.",
+    ),
+)
 #: The subject prefix of the replies the executor's NATS connection receives.
 INBOX_PREFIX = "_INBOX_podstream-airflow"
 
@@ -47,7 +95,7 @@ class PodstreamConfig:
     ca_file: Optional[str] = None
     cert_file: Optional[str] = None
     key_file: Optional[str] = None
-    ack_wait_seconds: float = 60.0
+    ack_wait_seconds: float = DEFAULT_ACK_WAIT_SECONDS
     spark_bucket: str = DEFAULT_SPARK_BUCKET
 
     @classmethod
@@ -58,17 +106,18 @@ class PodstreamConfig:
             raw = get(key)
             return raw.strip() if raw and raw.strip() else None
 
-        servers = tuple(s.strip() for s in (value("url") or "nats://127.0.0.1:4222").split(",") if s.strip())
+        servers = tuple(s.strip() for s in (value("url") or DEFAULT_URL).split(",") if s.strip())
         ack_wait = value("ack_wait_seconds")
         try:
-            ack_wait_seconds = float(ack_wait) if ack_wait else 60.0
+            ack_wait_seconds = float(ack_wait) if ack_wait else DEFAULT_ACK_WAIT_SECONDS
         except ValueError:
             raise ValueError(f"[{SECTION}] ack_wait_seconds is {ack_wait!r}, not a number") from None
         if (value("cert_file") is None) != (value("key_file") is None):
             raise ValueError(f"[{SECTION}] cert_file and key_file go together (mutual TLS)")
+        prefix = value("subject_prefix") or DEFAULT_PREFIX
         return cls(
             servers=servers,
-            subject_prefix=value("subject_prefix") or DEFAULT_PREFIX,
+            subject_prefix=prefix,
             consumer=value("consumer") or f"podstream-airflow-{scheduler_job_id}",
             creds_file=value("creds_file"),
             nkey_file=value("nkey_file"),
@@ -79,7 +128,7 @@ class PodstreamConfig:
             cert_file=value("cert_file"),
             key_file=value("key_file"),
             ack_wait_seconds=ack_wait_seconds,
-            spark_bucket=value("spark_bucket") or DEFAULT_SPARK_BUCKET,
+            spark_bucket=value("spark_bucket") or resource_name(prefix, "spark"),
         )
 
     @classmethod

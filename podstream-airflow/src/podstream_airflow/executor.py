@@ -17,9 +17,12 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import annotations_to_key
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
 from airflow import settings
+from airflow.stats import Stats
+from airflow.utils.state import TaskInstanceState
 from google.protobuf.message import DecodeError
 from kubernetes.client.rest import ApiException
 from sqlalchemy import bindparam, text
@@ -32,6 +35,8 @@ from podstream_airflow.wire import decode_command
 
 #: Command ids remembered to recognize a redelivery (an ack that did not reach NATS).
 REMEMBERED_COMMANDS = 10_000
+#: Counts fails skipped because their task is not one this scheduler launched or adopted.
+UNTRACKED_METRIC = "podstream.executor.untracked_fail"
 
 
 class PodstreamConflict(RuntimeError):
@@ -66,6 +71,9 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self.podstream: Optional[CommandConsumer] = None
         self._handled: "OrderedDict[str, None]" = OrderedDict()
         self._running_logged = 0
+        #: Commands whose events the last ``sync`` put in the event buffer: acked on the next
+        #: ``sync``, once the scheduler loop has committed what they did.
+        self._uncommitted: list = []
 
     def start(self) -> None:
         """Starts the pod launcher (without watchers) and the podstream consumer."""
@@ -76,15 +84,23 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self.podstream.start()
 
     def sync(self) -> None:
-        """Feeds podstream's commands to the watcher queue, runs the stock sync, then acks."""
+        """Acks the commands the last sync handled, feeds new ones to the watcher queue and
+        runs the stock sync.
+
+        A command is acked one sync late: the events it produced reach the database when the
+        scheduler loop processes the event buffer, after this sync returns, and only the next
+        sync comes after that commit. A scheduler killed in between leaves its commands unacked.
+        """
         if self.podstream and self.podstream.refusal:
             raise PodstreamConflict(self.podstream.refusal)
+        if self.podstream:
+            self.podstream.ack(self._uncommitted)
+        self._uncommitted = []
         deliveries = self.podstream.take() if self.podstream else []
         for delivery in deliveries:
             self.take_command(delivery)
         super().sync()
-        if self.podstream:
-            self.podstream.ack(deliveries)
+        self._uncommitted = deliveries
         if len(self.running) != self._running_logged:
             # Slots are what leaked in stock multi-scheduler installs: say when they change.
             self._running_logged = len(self.running)
@@ -111,6 +127,16 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
                 command.pod.name,
                 what.reason,
             )
+            return None
+        if what.state == TaskInstanceState.FAILED.value and annotations_to_key(what.annotations) not in self.running:
+            # Only a task this scheduler launched or adopted can fail here: a fail for any
+            # other (a forged pod under this job id) is skipped, and the pod it names is left.
+            self.log.warning(
+                "podstream: fail for %s (pod %s) skipped: not a task this scheduler launched or adopted",
+                _ti(command),
+                command.pod.name,
+            )
+            Stats.incr(UNTRACKED_METRIC)
             return None
         event = _watch(what)
         self.log.info(

@@ -1,0 +1,46 @@
+"""What Airflow's provider manager reads of this package (the ``apache_airflow_provider`` entry
+point): its name, the executor, and the ``[podstream]`` section with every key and default, so
+``airflow providers list`` and ``airflow config list --section podstream`` know them.
+
+Imports nothing of Airflow: the provider manager calls it while Airflow itself starts."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from podstream_airflow.config import OPTIONS, SECTION
+
+PACKAGE = "podstream-airflow"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The provider metadata, in the form of Airflow's ``provider_info.schema.json``."""
+    try:
+        installed = version(PACKAGE)
+    except PackageNotFoundError:
+        installed = "0"
+    return {
+        "package-name": PACKAGE,
+        "name": "podstream",
+        "description": "KubernetesExecutor taking pod outcomes from podstream (NATS JetStream) "
+        "instead of watching pods itself.",
+        "versions": [installed],
+        "executors": ["podstream_airflow.PodstreamKubernetesExecutor"],
+        "config": {
+            SECTION: {
+                "description": "Where PodstreamKubernetesExecutor reads podstream's commands.",
+                "options": {
+                    option.key: {
+                        "description": option.description,
+                        "version_added": "0.1.0",
+                        "type": option.type,
+                        "example": None,
+                        "default": option.default,
+                        **({"sensitive": True} if option.sensitive else {}),
+                    }
+                    for option in OPTIONS
+                },
+            }
+        },
+    }

@@ -1,0 +1,52 @@
+"""The package as an Airflow provider: installed as a wheel (not editable) by podstream's
+setup, Airflow's own provider manager lists it, and its configuration knows the ``[podstream]``
+section with the package's defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from podstream_airflow.config import DEFAULT_URL, OPTIONS, SECTION, PodstreamConfig
+from podstream_airflow.provider_info import PACKAGE, get_provider_info
+
+
+def test_airflows_provider_manager_lists_the_package_and_its_executor():
+    from airflow.providers_manager import ProvidersManager
+
+    manager = ProvidersManager()
+    assert PACKAGE in manager.providers, sorted(manager.providers)
+    info = manager.providers[PACKAGE].data
+    assert info["executors"] == ["podstream_airflow.PodstreamKubernetesExecutor"]
+
+
+def test_the_provider_info_passes_airflows_own_schema():
+    import json
+    from importlib.resources import files
+
+    import jsonschema
+
+    schema = json.loads((files("airflow") / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_airflows_configuration_knows_every_key_with_the_packages_default():
+    from airflow.configuration import conf
+    from airflow.providers_manager import ProvidersManager
+
+    # As Airflow's own start-up does (settings.initialize), once providers are discovered.
+    ProvidersManager().initialize_providers_configuration()
+    conf.load_providers_configuration()
+    for option in OPTIONS:
+        assert conf.get(SECTION, option.key, fallback=None) in (option.default, None, ""), option.key
+    assert conf.get(SECTION, "url") == DEFAULT_URL
+    # An unset key reads as unset, not as a string Airflow made of the default.
+    config = PodstreamConfig.from_airflow("7")
+    assert config.consumer == "podstream-airflow-7"
+    assert config.servers == (DEFAULT_URL,)
+
+
+@pytest.mark.parametrize("key", [option.key for option in OPTIONS])
+def test_every_key_is_documented_in_the_module(key):
+    import podstream_airflow.config as module
+
+    assert f"``{key}``" in (module.__doc__ or ""), key
