@@ -3,7 +3,7 @@
 //! the pipeline in process. It plays the three seed stories plus a real failure and a success,
 //! then reports, per task, its pods, podstream's commands and the TI row, next to what
 //! Airflow's own label-scoped watcher reports for the same events (run from each installed
-//! Airflow venv, see `demo_watcher.rs`). Exit 0 only if every story ended as semantics.md says.
+//! Airflow venv, see `demo_watcher.rs`). Exit 0 only if every story ended as docs/semantics.md says.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -60,6 +60,15 @@ pub struct DemoArgs {
     /// With --airflow: the Airflow release line to run, from sink/airflow-versions.tsv.
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VERSION", default_value = "3.1")]
     pub airflow_version: String,
+    /// With --airflow: play only the story of this number, as the report numbers them
+    /// (repeatable) [default: every story].
+    #[arg(
+        long = "story",
+        env = "PODSTREAM_DEMO_STORIES",
+        value_name = "N",
+        value_delimiter = ','
+    )]
+    pub stories: Vec<u8>,
     /// Also write the stories' timeline as one HTML page to FILE (a lane per story; with
     /// --airflow a part per story, each on its own time axis), as `podstream replay --html`
     /// draws it.
@@ -76,7 +85,7 @@ struct Story {
     pods: &'static str,
     /// Where stock Airflow's outcome is decided beyond its watcher, when it is.
     scheduler_note: Option<&'static str>,
-    /// The TI state and `queued_by_job_id` semantics.md asks for.
+    /// The TI state and `queued_by_job_id` docs/semantics.md asks for.
     expected: (&'static str, i64),
     /// The kinds of the commands podstream must decide, in order.
     decisions: &'static [&'static str],
@@ -137,7 +146,8 @@ const STORIES: &[Story] = &[
 /// Runs the demo; exits non-zero when a story ended wrong.
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if args.airflow {
-        return match demo_airflow::run(&args.airflow_version, args.html.as_deref())? {
+        return match demo_airflow::run(&args.airflow_version, &args.stories, args.html.as_deref())?
+        {
             true => Ok(()),
             false => anyhow::bail!("a story did not end right with podstream"),
         };

@@ -88,6 +88,7 @@ impl Service {
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        crate::kill_when_this_process_ends(crate::Doomed::Group(child.id()));
         Service {
             name: name.to_owned(),
             child,
@@ -300,6 +301,8 @@ pub struct RealAirflow {
     pub kubeconfig: PathBuf,
     /// Where callbacks leave their markers.
     pub markers: PathBuf,
+    /// Where a story says how a try of the story task ends (a file named after the try).
+    pub endings: PathBuf,
     pg: PgCluster,
     env: Vec<(String, String)>,
     sim: Option<Service>,
@@ -330,11 +333,16 @@ impl RealAirflow {
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
         let kubeconfig = dir.path().join("kubeconfig");
         let markers = dir.path().join("markers");
+        let endings = dir.path().join("endings");
         let home = dir.path().join("airflow-home");
-        for folder in [&markers, &home] {
+        for folder in [&markers, &endings, &home] {
             std::fs::create_dir_all(folder).unwrap_or_else(|e| panic!("{e}"));
         }
         let mut env = environment(airflow, dags, &pg, &kubeconfig, &markers, &home);
+        env.push((
+            "PODSTREAM_ENDINGS".to_owned(),
+            endings.display().to_string(),
+        ));
         let nats = (executor == Executor::Podstream).then(crate::nats::NatsServer::start);
         if let Some(nats) = &nats {
             env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");
@@ -349,6 +357,7 @@ impl RealAirflow {
             executor,
             kubeconfig,
             markers,
+            endings,
             pg,
             env,
             sim: None,
@@ -530,8 +539,9 @@ impl RealAirflow {
             }
             assert!(
                 Instant::now() < deadline,
-                "waited {timeout:?} for {what}\n{}\n{}\n{}",
+                "waited {timeout:?} for {what}\n{}\n{}\n{}\n{}",
                 self.timeline(),
+                self.failed_pods(),
                 self.database_state(),
                 self.logs()
             );
@@ -550,6 +560,16 @@ impl RealAirflow {
         );
         assert!(ok, "kubectl create {name}: {stderr}");
         self.note(format!("created pod {name}"));
+    }
+
+    /// Deletes a pod through kubectl (graceful, without waiting for it to go), as a person would.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let (ok, _, stderr) = kubectl(
+            &self.kubeconfig,
+            &["delete", "pod", "-n", namespace, name, "--wait=false"],
+        );
+        assert!(ok, "kubectl delete pod {name}: {stderr}");
+        self.note(format!("deleted pod {name}"));
     }
 
     /// The environment Airflow and its worker pods run with.
@@ -636,6 +656,57 @@ impl RealAirflow {
             .ok()
             .and_then(|list| list["items"].as_array().cloned())
             .unwrap_or_default()
+    }
+
+    /// Why each failed pod failed, as far as the cluster can say: its reason, each
+    /// container's exit code and reason, and the last lines of its log. Empty when no pod
+    /// failed.
+    pub fn failed_pods(&self) -> String {
+        let mut report = Vec::new();
+        for pod in self.pods() {
+            if pod["status"]["phase"] != "Failed" {
+                continue;
+            }
+            let name = pod["metadata"]["name"].as_str().unwrap_or("?");
+            let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+            let try_number = pod["metadata"]["annotations"]["try_number"]
+                .as_str()
+                .unwrap_or("?");
+            let containers: Vec<String> = pod["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|status| {
+                    let ended = &status["state"]["terminated"];
+                    ended.is_object().then(|| {
+                        format!(
+                            "{} exited {} ({})",
+                            status["name"].as_str().unwrap_or("?"),
+                            ended["exitCode"],
+                            ended["reason"].as_str().unwrap_or("no reason")
+                        )
+                    })
+                })
+                .collect();
+            let (_, log, _) = kubectl(
+                &self.kubeconfig,
+                &["logs", "-n", namespace, name, "--tail", "20"],
+            );
+            report.push(format!(
+                "--- pod {name} (try {try_number}) failed: reason {}; {}\n{}",
+                pod["status"]["reason"].as_str().unwrap_or("none"),
+                if containers.is_empty() {
+                    "no container ended".to_owned()
+                } else {
+                    containers.join(", ")
+                },
+                log.lines()
+                    .map(|line| format!("    {line}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+        }
+        report.join("\n")
     }
 
     /// Waits up to `timeout` for `done` to hold over the pods.
@@ -855,6 +926,11 @@ fn environment(
                 "podstream-tests-only".to_owned(),
             ),
             ("AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL", "5".to_owned()),
+            // A task's calls to the execution API time out after 5 s by default (3.1.1 on):
+            // on a loaded 2-core machine the API server, starting beside the scheduler,
+            // answered a task's first PATCH in 10 s, the task died of the ReadTimeout and
+            // stock_airflow_3_3_adoption never saw its task adopted.
+            ("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT", "60".to_owned()),
         ] {
             env.push((key.to_owned(), value));
         }

@@ -1,7 +1,9 @@
 //! The seed stories played by real Airflow schedulers on the simulator: one long task
 //! (`podstream_story.works`), and while it runs (b) a second scheduler adopts it while the
 //! first is stopped past its health threshold, (c) the scheduler is killed -9 and restarted,
-//! (d) a second pod for the running task appears and fails. Played with the stock executor
+//! (d) a second pod for the running task appears and fails; and while the scheduler is killed
+//! the pod (e) dies, (f) succeeds or (g) is deleted before a new scheduler starts (an outcome
+//! must reach the scheduler that adopts the task). Played with the stock executor
 //! (`tests/tests/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
 //! (`tests/tests/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
 
@@ -17,8 +19,12 @@ use crate::real_airflow::{Dags, Executor, RealAirflow};
 pub const DAG: &str = "podstream_story";
 /// How long any step of a story may take.
 pub const WAIT: Duration = Duration::from_secs(240);
-/// The one callback a story's task may run: its first try succeeds.
+/// The callback of a story task whose first try succeeds.
 pub const SUCCESS_ON_THE_FIRST_TRY: &str = "success.podstream_story.works.1";
+/// The callback of a story task whose first try failed and will be retried.
+pub const RETRY_OF_THE_FIRST_TRY: &str = "retry.podstream_story.works.1";
+/// The callback of a story task whose second try succeeds.
+pub const SUCCESS_ON_THE_SECOND_TRY: &str = "success.podstream_story.works.2";
 
 /// A seed story: what happens while the story task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,11 +35,25 @@ pub enum Story {
     Restart,
     /// (d) A second pod for the running task appears and fails (seed 003).
     SecondPod,
+    /// (e) The scheduler is killed -9; the task's pod dies (its task reports nothing) while
+    /// no scheduler runs; a new scheduler starts (seed 001, with a pod that does not wait).
+    DiesWhileDown,
+    /// (f) The same, with a task that succeeds while no scheduler runs.
+    SucceedsWhileDown,
+    /// (g) The same, with the task's pod deleted while no scheduler runs.
+    DeletedWhileDown,
 }
 
 impl Story {
-    /// Every story, in the seeds' order.
-    pub const ALL: [Story; 3] = [Story::Adoption, Story::Restart, Story::SecondPod];
+    /// Every story: the seeds' order, then what happens while the scheduler is down.
+    pub const ALL: [Story; 6] = [
+        Story::Adoption,
+        Story::Restart,
+        Story::SecondPod,
+        Story::DiesWhileDown,
+        Story::SucceedsWhileDown,
+        Story::DeletedWhileDown,
+    ];
 
     /// What happens, in a few words.
     pub fn title(self) -> &'static str {
@@ -41,6 +61,9 @@ impl Story {
             Story::Adoption => "adoption by a second scheduler",
             Story::Restart => "scheduler killed -9 and restarted",
             Story::SecondPod => "a second pod for the running task fails",
+            Story::DiesWhileDown => "the task's pod dies while its scheduler is down",
+            Story::SucceedsWhileDown => "the task succeeds while its scheduler is down",
+            Story::DeletedWhileDown => "the task's pod is deleted while its scheduler is down",
         }
     }
 
@@ -50,21 +73,56 @@ impl Story {
             Story::Adoption => "seed 000: a relabel during adoption kills live tasks",
             Story::Restart => "seed 001: a restarted scheduler resets running tasks as orphans",
             Story::SecondPod => "seed 003: two pods for one task make reattachment fail",
+            Story::DiesWhileDown | Story::SucceedsWhileDown | Story::DeletedWhileDown => {
+                "seed 001, the pod not waiting: an outcome must reach the scheduler that adopts the task"
+            }
         }
     }
 
-    /// Plays the story's act on a running task.
-    pub fn act(self, real: &mut RealAirflow) {
+    /// Plays the story's act on a running task; `Err` says why the act could not be played
+    /// out (the task's first pod ended on its own meanwhile).
+    pub fn act(self, real: &mut RealAirflow) -> Result<(), String> {
         match self {
             Story::Adoption => adopt_by_a_second_scheduler(real),
-            Story::Restart => kill_and_restart_the_scheduler(real),
-            Story::SecondPod => start_a_second_pod_that_fails(real),
+            Story::Restart => {
+                kill_and_restart_the_scheduler(real);
+                Ok(())
+            }
+            Story::SecondPod => {
+                start_a_second_pod_that_fails(real);
+                Ok(())
+            }
+            Story::DiesWhileDown => end_the_pod_while_down(real, PodEnding::Dies),
+            Story::SucceedsWhileDown => end_the_pod_while_down(real, PodEnding::Succeeds),
+            Story::DeletedWhileDown => end_the_pod_while_down(real, PodEnding::Deleted),
         }
     }
 
     /// The index of the scheduler the story kills, if it kills one.
     pub fn killed_scheduler(self) -> Option<usize> {
-        (self == Story::Restart).then_some(0)
+        (self == Story::Restart || self.while_down()).then_some(0)
+    }
+
+    /// The try the story task ends on, and its callbacks, when the story ends right with
+    /// podstream. Its first try succeeds, unless its pod ended without success while the
+    /// scheduler was down: a pod that died is adopted by the next scheduler, which learns
+    /// that it failed, fails the try once and retries it; a deleted pod leaves nothing to
+    /// adopt, so the next scheduler resets the orphaned TI and Airflow runs it again (try 2,
+    /// no failure callback), as it does with the stock executor.
+    pub fn right_ending(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Story::DiesWhileDown => ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY]),
+            Story::DeletedWhileDown => ("2", &[SUCCESS_ON_THE_SECOND_TRY]),
+            _ => ("1", &[SUCCESS_ON_THE_FIRST_TRY]),
+        }
+    }
+
+    /// Whether the story's first pod ends while its scheduler is down.
+    pub fn while_down(self) -> bool {
+        matches!(
+            self,
+            Story::DiesWhileDown | Story::SucceedsWhileDown | Story::DeletedWhileDown
+        )
     }
 }
 
@@ -84,20 +142,88 @@ pub fn story_ti(real: &RealAirflow) -> Option<(String, String, String)> {
     })
 }
 
-fn running(real: &RealAirflow) -> bool {
-    story_ti(real).is_some_and(|(_, state, _)| state == "running")
+/// The phase of the story task's pod for try `try_number`, if it is there.
+fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
+    real.pods()
+        .into_iter()
+        .find(|pod| {
+            let annotations = &pod["metadata"]["annotations"];
+            annotations["task_id"] == "works" && annotations["try_number"] == try_number
+        })
+        .and_then(|pod| pod["status"]["phase"].as_str().map(str::to_owned))
 }
 
-/// Plays `story` until the task runs, then its act, then waits for the run to end; returns
-/// the stage and the run's state.
+/// What a story's act disrupts holds: the task runs its first try, in a running pod.
+fn first_try_running(real: &RealAirflow) -> bool {
+    story_ti(real).is_some_and(|(try_number, state, _)| try_number == "1" && state == "running")
+        && pod_phase(real, "1").as_deref() == Some("Running")
+}
+
+/// Why the first try can no longer be what the act disrupts, if it cannot: its pod ended or
+/// the task moved past it before the act (then the act would be judged for what it did not
+/// cause).
+fn precondition_broken(real: &RealAirflow) -> Option<String> {
+    if first_pod_ended(real) {
+        return Some("the task's first pod ended on its own".to_owned());
+    }
+    let (try_number, state, _) = story_ti(real)?;
+    // Try 0 is a task instance Airflow 2.10+ has not scheduled yet: nothing is broken.
+    let past_try_1 = try_number.parse::<u32>().map_or(true, |n| n > 1);
+    let try_1_over =
+        try_number == "1" && matches!(state.as_str(), "up_for_retry" | "failed" | "success");
+    (past_try_1 || try_1_over).then(|| format!("the task is at try {try_number}, {state}"))
+}
+
+/// Plays `story` until the task runs its first try, then its act, then waits for the run to
+/// end; returns the stage and the run's state. A story whose precondition broke before its
+/// act (the first pod failed on its own, say on a loaded machine) is reported, with why the
+/// pod failed, and played again once: its outcome would not be the act's.
 pub fn play(airflow: Airflow, executor: Executor, story: Story) -> (RealAirflow, String) {
+    match play_once(airflow, executor, story) {
+        Ok(played) => played,
+        Err(broken) => {
+            eprintln!("{broken}\nplaying the story again, once");
+            play_once(airflow, executor, story).unwrap_or_else(|broken| panic!("{broken}"))
+        }
+    }
+}
+
+fn play_once(
+    airflow: Airflow,
+    executor: Executor,
+    story: Story,
+) -> Result<(RealAirflow, String), String> {
     let mut real = RealAirflow::start_with(airflow, Dags::Story, executor);
-    real.wait_until("the story task to run", WAIT, running);
-    story.act(&mut real);
+    // Why the play says nothing of its act, with what the stage shows.
+    let says_nothing = |real: &RealAirflow, why: String, when: &str, state: &str| {
+        format!(
+            "{}: {why} {when} the act ({}), so the story says nothing of the act\n{}\n{}",
+            heading(airflow, executor, story, state),
+            story.title(),
+            real.failed_pods(),
+            real.timeline()
+        )
+    };
+    // The act starts only on a state seen whole: a wait ended by one reading is judged again
+    // on a fresh one, so a task between two states never starts the act early.
+    loop {
+        real.wait_until("the story task to run its first try", WAIT, |real| {
+            first_try_running(real) || precondition_broken(real).is_some()
+        });
+        if first_try_running(&real) {
+            break;
+        }
+        if let Some(why) = precondition_broken(&real) {
+            return Err(says_nothing(&real, why, "before", "not played"));
+        }
+    }
+    if let Err(why) = story.act(&mut real) {
+        return Err(says_nothing(&real, why, "during", "not played out"));
+    }
     let state = real.wait_for_run(DAG, WAIT);
     // Give the executor a moment to finish with the pods before the timeline is read.
     std::thread::sleep(Duration::from_secs(3));
-    (real, state)
+    Ok((real, state))
 }
 
 /// The heading of a played story's timeline.
@@ -134,30 +260,62 @@ pub fn outcome(real: &RealAirflow, state: &str) -> String {
     format!("run {state}; task {task}; callbacks: {callbacks}")
 }
 
-/// Whether a story ended as it must with podstream: the run succeeded on the first try with
-/// one success callback, and every scheduler still alive (all but the story's killed one)
-/// ends with no task in its executor. `Err` says what did not hold.
+/// Whether a story ended as it must with podstream: the run succeeded on the try and with the
+/// callbacks of [`Story::right_ending`], every scheduler still alive (all but the story's
+/// killed one) ends with no task in its executor, and a story whose pod ended while its
+/// scheduler was down leaves no pod but a failed one. `Err` says what did not hold.
 pub fn ended_right(real: &RealAirflow, state: &str, story: Story) -> Result<(), String> {
     if state != "success" {
         return Err(format!("the run ended {state}, not success"));
     }
+    let (last_try, callbacks) = story.right_ending();
     let task = story_ti(real).map(|(try_number, state, _)| (try_number, state));
-    if task != Some(("1".to_owned(), "success".to_owned())) {
-        return Err(format!("the first try did not run to its end: {task:?}"));
+    if task != Some((last_try.to_owned(), "success".to_owned())) {
+        return Err(format!("try {last_try} did not run to its end: {task:?}"));
     }
     let markers = real.markers();
-    if markers != [SUCCESS_ON_THE_FIRST_TRY] {
-        return Err(format!("callbacks {markers:?}, not one success"));
+    if markers != callbacks {
+        return Err(format!("callbacks {markers:?}, not {callbacks:?}"));
     }
     // No slot leaks (stock multi-scheduler installs leaked them: #32928, #35675). An
     // executor frees the slot when it handles the pod's completion, a moment after the run
     // ends: wait for that.
     let deadline = Instant::now() + SLOTS_FREED;
     loop {
-        match slots_freed(real, story) {
+        match slots_freed(real, story).and_then(|()| pods_deleted(real, story)) {
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
             freed => return freed,
         }
+    }
+}
+
+/// A story whose pod ended while its scheduler was down leaves no pod of the task behind but
+/// a failed one: the adopting scheduler deletes the rest (`delete_worker_pods`, on by
+/// default) and keeps failed pods for their logs (`delete_worker_pods_on_failure`, off).
+fn pods_deleted(real: &RealAirflow, story: Story) -> Result<(), String> {
+    if !story.while_down() {
+        return Ok(());
+    }
+    let left: Vec<String> = real
+        .pods()
+        .iter()
+        .filter(|pod| pod["metadata"]["annotations"]["task_id"] == "works")
+        .filter(|pod| pod["status"]["phase"] != "Failed")
+        .map(|pod| {
+            format!(
+                "{} ({})",
+                pod["metadata"]["name"].as_str().unwrap_or("?"),
+                pod["status"]["phase"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the task's pods are still there: {}",
+            left.join(", ")
+        ))
     }
 }
 
@@ -196,17 +354,28 @@ fn slots_freed(real: &RealAirflow, story: Story) -> Result<(), String> {
 
 /// (b) The scheduler is stopped past its health threshold; a second one adopts the task;
 /// the first comes back.
-fn adopt_by_a_second_scheduler(real: &mut RealAirflow) {
+fn adopt_by_a_second_scheduler(real: &mut RealAirflow) -> Result<(), String> {
     let Some(first) = real.component("scheduler") else {
         panic!("no scheduler to stop");
     };
     let owner = story_ti(real).map(|(_, _, owner)| owner);
     real.signal(first, Signal::SIGSTOP);
     real.start_component("scheduler");
+    let adopted = |r: &RealAirflow| story_ti(r).map(|(_, _, by)| by) != owner;
     real.wait_until("the second scheduler to adopt the task", WAIT, |r| {
-        story_ti(r).map(|(_, _, by)| by) != owner
+        adopted(r) || first_pod_ended(r)
     });
     real.signal(first, Signal::SIGCONT);
+    if adopted(real) {
+        Ok(())
+    } else {
+        Err("the task's first pod ended on its own before it was adopted".to_owned())
+    }
+}
+
+/// The task's first pod has ended (nothing in a story's act ends it).
+fn first_pod_ended(real: &RealAirflow) -> bool {
+    pod_phase(real, "1").is_some_and(|phase| phase == "Failed" || phase == "Succeeded")
 }
 
 /// (c) The scheduler is killed -9 and started again.
@@ -218,16 +387,64 @@ fn kill_and_restart_the_scheduler(real: &mut RealAirflow) {
     real.start_component("scheduler");
 }
 
+/// How a story ends the task's first pod while its scheduler is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PodEnding {
+    /// The pod's main process is killed: the pod fails, the task reports nothing.
+    Dies,
+    /// The task returns: it reports its success, the pod succeeds.
+    Succeeds,
+    /// The pod is deleted through the API.
+    Deleted,
+}
+
+/// (e)–(g) The scheduler is killed -9; the first pod ends as `ending` says while no scheduler
+/// runs; once it has ended, a new scheduler starts.
+fn end_the_pod_while_down(real: &mut RealAirflow, ending: PodEnding) -> Result<(), String> {
+    let Some(first) = real.component("scheduler") else {
+        panic!("no scheduler to kill");
+    };
+    real.signal(first, Signal::SIGKILL);
+    let tell = |what: &str| {
+        std::fs::write(real.endings.join("1"), what).unwrap_or_else(|e| panic!("{e}"));
+        real.note(format!("told try 1 to {what}"));
+    };
+    match ending {
+        PodEnding::Dies => tell("die"),
+        PodEnding::Succeeds => tell("succeed"),
+        PodEnding::Deleted => {
+            let Some(pod) = first_pod(real) else {
+                return Err("the task's pod is not there".to_owned());
+            };
+            real.delete_pod(
+                pod["metadata"]["namespace"].as_str().unwrap_or("airflow"),
+                pod["metadata"]["name"].as_str().unwrap_or_default(),
+            );
+        }
+    }
+    real.wait_until("the task's first pod to end", WAIT, |r| {
+        first_pod_ended(r) || pod_phase(r, "1").is_none()
+    });
+    // A second try, where the story leads to one, has nothing left to show: it succeeds as
+    // soon as it runs.
+    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    real.start_component("scheduler");
+    Ok(())
+}
+
 /// (d) A second pod for the running task, which fails after a few seconds.
 fn start_a_second_pod_that_fails(real: &mut RealAirflow) {
-    let pods = real.pods();
-    let Some(original) = pods
-        .iter()
-        .find(|p| p["metadata"]["annotations"]["task_id"] == "works")
-    else {
+    let Some(original) = first_pod(real) else {
         panic!("the task's pod is not there");
     };
-    real.create_pod(&duplicate(original));
+    real.create_pod(&duplicate(&original));
+}
+
+/// The story task's first pod listed (the one an act works on), if there is one.
+fn first_pod(real: &RealAirflow) -> Option<Value> {
+    real.pods()
+        .into_iter()
+        .find(|p| p["metadata"]["annotations"]["task_id"] == "works")
 }
 
 /// The same pod again under another name (as a relaunch after a reset would make it), whose
@@ -250,4 +467,92 @@ fn duplicate(pod: &Value) -> Value {
     copy["spec"]["containers"][0]["command"] = json!(["sh", "-c", "sleep 3; exit 1"]);
     copy["spec"]["containers"][0]["args"] = json!([]);
     copy
+}
+
+/// Seconds from the moment the story task's first pod ended (`Failed`, `Succeeded` or
+/// deleted) to the task instance's next change of state, read from a played story's timeline
+/// (the detection latency `podstream demo --airflow` prints per executor). `None` when the
+/// pod did not end, or no change followed: the task had reported its own end first.
+pub fn detection_seconds(timeline: &str) -> Option<f64> {
+    let mut first_pod: Option<&str> = None;
+    let mut ended: Option<f64> = None;
+    for line in timeline.lines() {
+        let Some((seconds, what)) = line.trim_start().split_once("s  ") else {
+            continue;
+        };
+        let Ok(at) = seconds.parse::<f64>() else {
+            continue;
+        };
+        if let Some(pod) = what.strip_prefix("pod ") {
+            let Some((name, event)) = pod.split_once(": ") else {
+                continue;
+            };
+            let first = *first_pod.get_or_insert(name);
+            let over = event.starts_with("DELETED")
+                || event.contains(" Failed")
+                || event.contains(" Succeeded");
+            if name == first && over && ended.is_none() {
+                ended = Some(at);
+            }
+        } else if let (Some(end), Some(state)) = (ended, what.strip_prefix("TI works try ")) {
+            let changed = !state.contains(": running") && !state.contains(": queued");
+            if at >= end && changed {
+                return Some(at - end);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::detection_seconds;
+
+    const DIES: &str = "   0.0s  ** started scheduler #0
+  10.3s  pod p-works-a: ADDED Pending, airflow-worker=1
+  10.3s  pod p-works-a: MODIFIED Running, airflow-worker=1
+  12.0s  TI works try 1: running (queued_by_job_id 1)
+  20.0s  ** SIGKILL to scheduler #0
+  21.5s  pod p-works-a: MODIFIED Failed, airflow-worker=1
+  22.0s  ** started scheduler #3
+  40.0s  pod p-works-a: MODIFIED Failed, airflow-worker=2
+  44.0s  TI works try 1: up_for_retry (queued_by_job_id 2)
+";
+
+    #[test]
+    fn detection_is_read_from_the_first_pods_end_to_the_next_ti_change() {
+        let table: [(&str, Option<f64>); 4] = [
+            // The pod failed at 21.5 s; the TI changed at 44.0 s.
+            (DIES, Some(22.5)),
+            // The task reported success before its pod ended: nothing was detected.
+            (
+                "  5.0s  pod p-works-a: MODIFIED Running, airflow-worker=1
+  9.0s  TI works try 1: success (queued_by_job_id 1)
+  9.5s  pod p-works-a: MODIFIED Succeeded, airflow-worker=1",
+                None,
+            ),
+            // A deleted pod ends it too; a second pod's end is not the first pod's.
+            (
+                "  5.0s  pod p-works-a: MODIFIED Running, airflow-worker=1
+  6.0s  pod p-works-a-second: MODIFIED Failed, airflow-worker=1
+  7.0s  TI works try 1: running (queued_by_job_id 1)
+  8.0s  pod p-works-a: DELETED Running, airflow-worker=1
+  9.25s  TI works try 1: none (queued_by_job_id 1)",
+                Some(1.25),
+            ),
+            // The pod never ended.
+            (
+                "  5.0s  pod p-works-a: MODIFIED Running, airflow-worker=1",
+                None,
+            ),
+        ];
+        for (timeline, seconds) in table {
+            let got = detection_seconds(timeline);
+            assert_eq!(
+                got.map(|s| (s * 100.0).round()),
+                seconds.map(|s| (s * 100.0).round()),
+                "{timeline}"
+            );
+        }
+    }
 }

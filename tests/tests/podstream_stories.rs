@@ -3,7 +3,11 @@
 //! executor` on `podstream sim --kubelet` (see `podstream_tests::stories`; the stock
 //! executor's outcomes are tests/tests/stock_airflow.rs). With podstream no running task is
 //! failed, reset or retried by an adoption, a scheduler restart or a second pod: each story
-//! ends with the task's first try succeeding and its success callback run once.
+//! ends with the task's first try succeeding and its success callback run once. When the pod
+//! ends while its scheduler is down, the scheduler that starts next learns how it ended: a
+//! pod that died fails its try once and the retry succeeds, a task that succeeded stays a
+//! success, a deleted pod's TI is reset and runs again; no pod of the task is left but a
+//! failed one (kept for its logs, as Airflow's default says).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,7 +24,11 @@ fn with_podstream(airflow: Airflow, story: Story) {
         heading(airflow, Executor::Podstream, story, &state)
     );
     if let Err(why) = ended_right(&real, &state, story) {
-        panic!("Airflow {}: {why}\n{timeline}", airflow.short());
+        panic!(
+            "Airflow {}: {why}\n{timeline}\n{}",
+            airflow.short(),
+            real.failed_pods()
+        );
     }
 }
 
@@ -52,4 +60,22 @@ fn podstream_airflow_2_10_second_pod() {
 #[test]
 fn podstream_airflow_3_1_second_pod() {
     with_podstream(Airflow::line("3.1"), Story::SecondPod);
+}
+
+// While its scheduler is down (issue: an outcome must reach the scheduler that adopts the
+// task): the pod ends while no scheduler runs, then a new scheduler starts.
+
+#[test]
+fn podstream_airflow_3_1_pod_dies_while_down() {
+    with_podstream(Airflow::line("3.1"), Story::DiesWhileDown);
+}
+
+#[test]
+fn podstream_airflow_3_1_task_succeeds_while_down() {
+    with_podstream(Airflow::line("3.1"), Story::SucceedsWhileDown);
+}
+
+#[test]
+fn podstream_airflow_3_1_pod_deleted_while_down() {
+    with_podstream(Airflow::line("3.1"), Story::DeletedWhileDown);
 }
