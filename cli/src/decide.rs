@@ -1,5 +1,5 @@
 //! `podstream decide [FILE]`: the processor's rules as a filter
-//! (contract.md §1). Kubernetes JSON in, one JSON line per command out.
+//! (docs/contract.md §1). Kubernetes JSON in, one JSON line per command out.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -25,10 +25,11 @@ use crate::spark_json::spark_items;
     kubectl get pods -l airflow-worker -A -w --output-watch-events -o json | podstream decide\n\
     Spark driver pods, after their applications' current state:\n  \
     kubectl get sparkapplications -A -o json > apps.json\n  \
-    kubectl get pods -l spark-role=driver -A -w --output-watch-events -o json | cat apps.json - | podstream decide")]
+    kubectl get pods -l spark-role=driver,spark_kubernetes_operator=True -A -w --output-watch-events -o json | cat apps.json - | podstream decide")]
 pub struct DecideArgs {
     /// Kubernetes JSON to read: watch events, Pods or PodLists, one per line
-    /// or pretty-printed; Spark driver pods (`spark-role=driver`) and their
+    /// or pretty-printed; Spark driver pods (`spark-role=driver`,
+    /// `spark_kubernetes_operator=True`, as Airflow's operator labels them) and their
     /// SparkApplications too. Standard input when absent or `-`.
     pub file: Option<PathBuf>,
 
@@ -108,7 +109,9 @@ pub fn decide_stream(
         .context("cannot start reading input")?;
     let projections = ahead.projections();
     let mut frames = JsonFrames::new(ahead);
-    while let Some(read) = frames.next_with(|line_no, _| projections.take(line_no)) {
+    while let Some(read) =
+        frames.next_with(|line_no, available| projections.take(line_no, available.len()))
+    {
         let value = match read.context("cannot read input")? {
             Next::Fast(event) => {
                 decide_one(processor, Ok(event), &mut out, &mut summary)?;

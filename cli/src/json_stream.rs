@@ -29,7 +29,7 @@ pub enum Frame {
 /// What [`JsonFrames::next_with`] read: the fast reader's result for a whole line, or a frame.
 #[derive(Debug)]
 pub enum Next<T> {
-    /// What the fast reader made of a line holding one object.
+    /// What the fast reader made of a value it took whole (a line, or a pretty-printed value).
     Fast(T),
     /// A frame, as [`JsonFrames`] iterates them.
     Frame(Frame),
@@ -187,17 +187,18 @@ impl<R: BufRead> JsonFrames<R> {
 }
 
 impl<R: BufRead> JsonFrames<R> {
-    /// The next item, offering each line that may hold one whole object (it starts with `{`
-    /// and ends with `}`, outside any value) to `fast` first, with its line number (from 1), as
-    /// bytes without the surrounding whitespace, not yet checked to be UTF-8. When `fast` takes
-    /// the line (`Some`), its result is the item and the line is not framed: `fast` must then
-    /// have read the line as one valid JSON value, as a full deserialization does.
-    /// When it declines, the line is framed as usual. Lines are read once either way; nearly
-    /// every line of `kubectl -o json -w` is such an object, so the common case parses each
-    /// event once, not twice, and reads it where the reader buffered it, without a copy.
+    /// The next item, offering each line that may start one whole object outside any value
+    /// (it starts with `{` and ends with `}`, or it is a lone `{` opening a pretty-printed
+    /// value) to `fast` first, with its line number (from 1) and the buffered bytes from that
+    /// line on, not yet checked to be UTF-8. When `fast` takes it (`Some((item, len))`), the
+    /// item stands for the first `len` bytes, whole lines, which are not framed: `fast` must
+    /// then have read them as one valid JSON value, as a full deserialization does. When it
+    /// declines, the line is framed as usual. Values are read once either way; nearly every
+    /// value of `kubectl -o json -w` is such an object, so the common case parses each event
+    /// once, not twice, and reads it where the reader buffered it, without a copy.
     pub fn next_with<T>(
         &mut self,
-        mut fast: impl FnMut(usize, &[u8]) -> Option<T>,
+        mut fast: impl FnMut(usize, &[u8]) -> Option<(T, usize)>,
     ) -> Option<io::Result<Next<T>>> {
         loop {
             if let Some(frame) = self.ready.pop_front() {
@@ -218,13 +219,16 @@ impl<R: BufRead> JsonFrames<R> {
                 // A whole line in the buffer, as `read_until` below would read it uncut.
                 if let Some(end) = memchr::memchr(b'\n', buffer).filter(|end| *end <= self.limit) {
                     let line_no = self.line_no + 1;
-                    match object_shaped(&buffer[..=end]).and_then(|line| fast(line_no, line)) {
-                        Some(taken) => {
-                            self.reader.consume(end + 1);
-                            self.line_no = line_no;
+                    let line = &buffer[..=end];
+                    let offered = object_shaped(line).is_some() || opens_value(line);
+                    match offered.then(|| fast(line_no, buffer)).flatten() {
+                        Some((taken, len)) if len > end && len <= buffer.len() => {
+                            let lines = memchr::memchr_iter(b'\n', &buffer[..len]).count();
+                            self.reader.consume(len);
+                            self.line_no += lines;
                             return Some(Ok(Next::Fast(taken)));
                         }
-                        None => declined = true,
+                        _ => declined = true,
                     }
                 }
             }
@@ -252,10 +256,12 @@ impl<R: BufRead> JsonFrames<R> {
                     self.line_no += 1;
                     let offered = !declined && !cut && self.value.is_empty() && !self.skipping;
                     let line_no = self.line_no;
-                    if let Some(taken) = offered
+                    let whole_line = self.line.len();
+                    if let Some((taken, _)) = offered
                         .then(|| object_shaped(&self.line))
                         .flatten()
-                        .and_then(|line| fast(line_no, line))
+                        .and_then(|_| fast(line_no, &self.line))
+                        .filter(|(_, len)| *len == whole_line)
                     {
                         return Some(Ok(Next::Fast(taken)));
                     }
@@ -281,7 +287,7 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
     type Item = io::Result<Frame>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.next_with(|_, _| None::<std::convert::Infallible>)
+        self.next_with(|_, _| None::<(std::convert::Infallible, usize)>)
             .map(|read| {
                 read.map(|read| match read {
                     Next::Frame(frame) => frame,
@@ -295,6 +301,11 @@ impl<R: BufRead> Iterator for JsonFrames<R> {
 /// whitespace). Whether it truly is one is for the reader that takes it to find out.
 pub fn one_object(line: &[u8]) -> Option<&str> {
     std::str::from_utf8(object_shaped(line)?).ok()
+}
+
+/// Whether the line opens a pretty-printed value: a lone `{` at its start.
+fn opens_value(line: &[u8]) -> bool {
+    line.trim_ascii_end() == b"{"
 }
 
 /// The line without its surrounding whitespace when it starts with `{` and ends with `}`.
@@ -423,10 +434,11 @@ mod tests {
     fn with_fast(input: &str) -> Vec<String> {
         let mut frames = JsonFrames::new(input.as_bytes());
         let mut out = Vec::new();
-        while let Some(next) = frames.next_with(|_, line| {
+        while let Some(next) = frames.next_with(|_, buffer| {
+            let line = memchr::memchr(b'\n', buffer).map_or(buffer, |end| &buffer[..=end]);
             one_object(line)
                 .filter(|text| text.contains("fast"))
-                .map(str::len)
+                .map(|text| (text.len(), line.len()))
         }) {
             out.push(match next.unwrap() {
                 Next::Fast(len) => format!("fast: {len} bytes"),

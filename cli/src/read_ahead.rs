@@ -23,8 +23,9 @@ const READ_BYTES: usize = 384 * 1024;
 /// The most worker threads: beyond a few, the deciding thread is the bound.
 const MAX_WORKERS: usize = 4;
 
-/// A line's result: its number (from 1) and what the projection made of it.
-type Projected<T> = (usize, T);
+/// A value's result: the number of its first line (from 1), its length in bytes (its lines
+/// whole, newlines included), and what the projection made of it.
+type Projected<T> = (usize, usize, T);
 
 /// One block of input and the results of its lines.
 struct Block<T> {
@@ -110,25 +111,61 @@ impl Input {
 }
 
 impl RawBlock {
-    /// Projects every whole line of the block that may hold one object.
+    /// Where the line starting at `start` ends (past its newline; the block's end for the
+    /// input's last line), if it is whole in the block.
+    fn line_end(&self, start: usize) -> Option<usize> {
+        match memchr::memchr(b'\n', &self.bytes[start..]) {
+            Some(at) => Some(start + at + 1),
+            None => (self.ends_input && start < self.bytes.len()).then_some(self.bytes.len()),
+        }
+    }
+
+    /// A pretty-printed value that opens on the line at `start` (a lone `{`): where it ends
+    /// (past the newline of its lone closing `}` at the line's start) and how many lines it
+    /// spans, when that is in the block and within `limit` bytes. Inside a value a raw
+    /// newline is never in a string, so a line that is `}` alone closes the top-level value.
+    fn pretty_value(&self, start: usize, limit: usize) -> Option<(usize, usize)> {
+        let mut end = self.line_end(start)?;
+        let mut lines = 1;
+        while end - start <= limit {
+            let next = self.line_end(end)?;
+            lines += 1;
+            if self.bytes[end..next].trim_ascii_end() == b"}" {
+                return Some((next, lines));
+            }
+            end = next;
+        }
+        None
+    }
+
+    /// Projects every value of the block that may be one object: a whole line, or a
+    /// pretty-printed value whose lines are all in the block (kubectl's `-o json -w`).
     fn project<T>(self, project: fn(&str) -> Option<T>, limit: usize) -> Block<T> {
         let mut projected = Vec::new();
         let mut start = 0;
         let mut line_no = self.first_line;
-        let mut ends = memchr::memchr_iter(b'\n', &self.bytes).map(|at| at + 1);
-        let last =
-            (self.ends_input && self.bytes.last() != Some(&b'\n')).then_some(self.bytes.len());
-        while let Some(end) = ends
-            .next()
-            .or_else(|| last.filter(|_| start < self.bytes.len()))
-        {
-            let continues_earlier_line = start == 0 && self.starts_mid_line;
+        if self.starts_mid_line {
+            // The rest of a line that began in an earlier block: never projected.
+            match self.line_end(0) {
+                Some(end) => (start, line_no) = (end, line_no + 1),
+                None => start = self.bytes.len(),
+            }
+        }
+        while let Some(end) = self.line_end(start) {
             let line = &self.bytes[start..end];
-            if !continues_earlier_line
-                && line.len() <= limit + 1
+            if line.len() <= limit + 1
                 && let Some(result) = one_object(line).and_then(project)
             {
-                projected.push((line_no, result));
+                projected.push((line_no, line.len(), result));
+            } else if line.trim_ascii_end() == b"{"
+                && let Some((value_end, lines)) = self.pretty_value(start, limit)
+                && let Some(result) = std::str::from_utf8(&self.bytes[start..value_end])
+                    .ok()
+                    .and_then(project)
+            {
+                projected.push((line_no, value_end - start, result));
+                (start, line_no) = (value_end, line_no + lines);
+                continue;
             }
             start = end;
             line_no += 1;
@@ -159,15 +196,20 @@ impl<T> Clone for Projections<T> {
 }
 
 impl<T> Projections<T> {
-    /// Line `line_no`'s result, if the projection took it; results for earlier lines (never
-    /// asked for: they were inside a framed value) are dropped.
-    pub fn take(&self, line_no: usize) -> Option<T> {
+    /// The result of the value starting on line `line_no` and the bytes it spans, if the
+    /// projection took it and those bytes are within the `available` ones (the reader's
+    /// buffer from that line on); results for earlier lines (never asked for: they were
+    /// inside a framed value) are dropped.
+    pub fn take(&self, line_no: usize, available: usize) -> Option<(T, usize)> {
         let mut queue = self.0.borrow_mut();
-        while queue.front().is_some_and(|(line, _)| *line < line_no) {
+        while queue.front().is_some_and(|(line, _, _)| *line < line_no) {
             queue.pop_front();
         }
         match queue.front() {
-            Some((line, _)) if *line == line_no => queue.pop_front().map(|(_, result)| result),
+            Some((line, _, _)) if *line == line_no => queue
+                .pop_front()
+                .filter(|(_, len, _)| *len <= available)
+                .map(|(_, len, result)| (result, len)),
             _ => None,
         }
     }
@@ -335,8 +377,49 @@ mod tests {
         let mut text = String::new();
         ahead.read_to_string(&mut text).unwrap();
         let lines = input.split_inclusive('\n').count();
-        let taken = (1..=lines).map(|line| projections.take(line)).collect();
+        let taken = (1..=lines)
+            .map(|line| projections.take(line, usize::MAX).map(|(value, _)| value))
+            .collect();
         (text, taken)
+    }
+
+    /// Pretty-printed values (kubectl's `-o json -w`) are projected whole where all their
+    /// lines are in one block, at their first line's number, with the bytes they span.
+    #[test]
+    fn pretty_printed_values_are_projected_whole() {
+        let value = |i: usize| {
+            format!("{{\n    \"take\": {i},\n    \"inner\": {{\n        \"a\": 1\n    }}\n}}\n")
+        };
+        let input: String = (0..500).map(value).collect();
+        let lines_each = value(0).lines().count();
+        for chunk in [7, 4096, READ_BYTES * 2] {
+            let reader = Trickle {
+                bytes: input.as_bytes().to_vec(),
+                at: 0,
+                chunk,
+            };
+            let mut ahead = ReadAhead::spawn(Box::new(reader), take_marked, 1 << 20).unwrap();
+            let projections = ahead.projections();
+            let mut text = String::new();
+            ahead.read_to_string(&mut text).unwrap();
+            assert_eq!(text, input);
+            let mut whole = 0;
+            for i in 0..500 {
+                if let Some((taken, len)) = projections.take(1 + i * lines_each, usize::MAX) {
+                    assert_eq!(taken, value(i), "value {i}, chunk {chunk}");
+                    assert_eq!(len, value(i).len());
+                    whole += 1;
+                }
+            }
+            // A value cut by a block's end is left to the framer; the rest are whole. (Reads of
+            // a few bytes end a block at nearly every line, so no value is whole in one.)
+            if chunk >= 4096 {
+                assert!(whole >= 490, "{whole} of 500 with chunk {chunk}");
+            }
+        }
+        // A value longer than the limit is never projected.
+        let (_, taken) = read_all(&value(1), 4096, 10);
+        assert!(taken.iter().all(Option::is_none));
     }
 
     #[test]

@@ -171,6 +171,8 @@ impl<'a> Scan<'a> {
 
     /// A string, borrowed from the text unless it holds escapes.
     pub fn string(&mut self) -> Step<Cow<'a, str>> {
+        // Past any whitespace first: the string starts at its quote.
+        self.peek();
         let start = self.at;
         let (end, escaped) = self.string_end()?;
         if escaped {
@@ -186,6 +188,7 @@ impl<'a> Scan<'a> {
 
     /// A string without escapes (an object key), borrowed from the text.
     fn plain_string(&mut self) -> Step<&'a str> {
+        self.peek();
         let start = self.at;
         match self.string_end()? {
             (end, false) => Ok(&self.text[start + 1..end - 1]),
@@ -361,6 +364,29 @@ mod tests {
         .unwrap();
         assert!(matches!(read[0], Cow::Borrowed("plain")));
         assert!(matches!(&read[1], Cow::Owned(s) if s == "es\"capedé"));
+    }
+
+    /// JSON allows whitespace between any two tokens: a string after it is read from its
+    /// quote, whatever whitespace came before.
+    #[test]
+    fn strings_after_whitespace_are_read_from_their_quote() {
+        for text in [
+            "{\"k\": \"v\"}",
+            "{\"k\":\t\"v\"}",
+            "{\"k\":\r\n    \"v\"}",
+            "{ \"k\" : \"v\" }",
+            "\n{\n    \"k\": \"v\"\n}\n",
+        ] {
+            let mut scan = Scan::new(text);
+            let mut read = Vec::new();
+            scan.object(|key, scan| {
+                read.push((key, scan.string()?.into_owned()));
+                Ok(())
+            })
+            .unwrap();
+            scan.end().unwrap();
+            assert_eq!(read, [("k", "v".to_owned())], "{text:?}");
+        }
     }
 
     #[test]

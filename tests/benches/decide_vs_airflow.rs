@@ -7,9 +7,11 @@
 //! 2. Airflow's watcher code (`airflow_watcher.py`, in the newest Airflow venv): the Python
 //!    client's deserialization and `KubernetesJobWatcher.process_status` per event, imports and
 //!    file reading outside its clock;
-//! 3. `podstream decide FILE > FILE.out`, wall clock and peak resident memory (of the process
-//!    alone: a wrapper process, this bench's own binary, waits for it and reads its rusage);
-//! 4. the ratio, and `decide`'s peak resident memory over 200,000 events.
+//! 3. `podstream decide FILE > FILE.out` on the same events in each JSON form users feed it
+//!    (compact, Python's default `json.dumps`, kubectl's pretty print), wall clock and peak
+//!    resident memory (of the process alone: a wrapper process, this bench's own binary,
+//!    waits for it and reads its rusage); every form must decide to the same output;
+//! 4. the ratio per form, and `decide`'s peak resident memory over 200,000 events.
 //!
 //! Rounds alternate between the two, so a slow moment of the machine hits both.
 //! `... --bench decide_vs_airflow -- --write-events FILE N` only writes N such events. Without
@@ -24,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use nix::sys::resource::{UsageWho, getrusage};
+use podstream_tests::JsonForm;
 use podstream_tests::airflow::Airflow;
 use serde_json::{Value, json};
 
@@ -268,8 +271,23 @@ fn main() {
     let file = dir.path().join("events.jsonl");
     let size = write_events(&file, events);
     println!("{events} watch events, {size} bytes each on average");
+    // The same events in each form users feed decide; Airflow's watcher reads what the
+    // apiserver sends, compact lines.
+    let forms: Vec<(JsonForm, std::path::PathBuf)> = JsonForm::ALL
+        .iter()
+        .map(|&form| {
+            let path = dir.path().join(format!("events.{}.json", form.name()));
+            let mut text = Vec::new();
+            for line in BufReader::new(File::open(&file).unwrap()).lines() {
+                form.write(&serde_json::from_str(&line.unwrap()).unwrap(), &mut text);
+            }
+            std::fs::write(&path, text).unwrap();
+            (form, path)
+        })
+        .collect();
 
-    let (mut airflow_rates, mut decide_rates) = (Vec::new(), Vec::new());
+    let mut airflow_rates = Vec::new();
+    let mut form_rates: Vec<Vec<f64>> = vec![Vec::new(); forms.len()];
     let mut versions = Value::Null;
     for round in 1..=rounds {
         let (run, report) = airflow_watcher(airflow, dir.path(), &file);
@@ -282,28 +300,41 @@ fn main() {
             report["queued"].as_u64().unwrap() > 0,
             "the watcher reported states"
         );
-        airflow_rates.push(events as f64 / run.seconds);
+        let airflow_rate = events as f64 / run.seconds;
+        airflow_rates.push(airflow_rate);
         versions = json!({"airflow": report["airflow"], "provider": report["provider"]});
-        let (run, commands) = decide(&binary, &file);
-        assert!(commands > 0, "decide wrote commands");
-        decide_rates.push(events as f64 / run.seconds);
-        println!(
-            "round {round}: Airflow's watcher {:.0} events/s, podstream decide {:.0} events/s \
-             ({commands} commands, peak {:.1} MB): {:.1}x",
-            airflow_rates[round - 1],
-            decide_rates[round - 1],
-            run.peak_rss_mb,
-            decide_rates[round - 1] / airflow_rates[round - 1],
+        let mut outputs = Vec::new();
+        for ((form, path), rates) in forms.iter().zip(&mut form_rates) {
+            let (run, commands) = decide(&binary, path);
+            assert!(commands > 0, "decide wrote commands");
+            outputs.push(std::fs::read(path.with_extension("out")).unwrap());
+            let rate = events as f64 / run.seconds;
+            rates.push(rate);
+            println!(
+                "round {round}, {}: Airflow's watcher {airflow_rate:.0} events/s, podstream \
+                 decide {rate:.0} events/s ({commands} commands, peak {:.1} MB): {:.1}x",
+                form.name(),
+                run.peak_rss_mb,
+                rate / airflow_rate,
+            );
+        }
+        assert!(
+            outputs.iter().all(|output| *output == outputs[0]),
+            "every form decides to the same output"
         );
     }
-    let (airflow_rate, decide_rate) = (median(airflow_rates), median(decide_rates));
-    println!(
-        "median: Airflow's watcher ({} with provider {}) {airflow_rate:.0} events/s, \
-         podstream decide {decide_rate:.0} events/s: {:.1}x",
-        versions["airflow"],
-        versions["provider"],
-        decide_rate / airflow_rate
-    );
+    let airflow_rate = median(airflow_rates);
+    for ((form, _), rates) in forms.iter().zip(form_rates) {
+        let rate = median(rates);
+        println!(
+            "median, {}: Airflow's watcher ({} with provider {}) {airflow_rate:.0} events/s, \
+             podstream decide {rate:.0} events/s: {:.1}x",
+            form.name(),
+            versions["airflow"],
+            versions["provider"],
+            rate / airflow_rate
+        );
+    }
 
     let big = dir.path().join("memory.jsonl");
     write_events(&big, memory_events);

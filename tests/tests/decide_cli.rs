@@ -1,4 +1,4 @@
-//! `podstream decide` end to end through the built binary (contract.md §1),
+//! `podstream decide` end to end through the built binary (docs/contract.md §1),
 //! on the seed stories in `tests/fixtures/`.
 
 // Test code: a panic is the failure report.
@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use podstream_tests::{fixture, podstream_binary, workspace_root};
+use podstream_tests::{JsonForm, fixture, podstream_binary, workspace_root};
 use serde_json::Value;
 
 fn decide_file(name: &str) -> Output {
@@ -246,4 +246,50 @@ fn the_bundled_example_stream_runs() {
             && kinds(&out).contains(&"fail")
     );
     assert!(!kinds(&out).contains(&"invalid"));
+}
+
+/// The same watch events compact (as the apiserver sends them), as Python's `json.dumps`
+/// writes them, and pretty-printed with kubectl's four-space indent decide to byte-identical
+/// output.
+#[test]
+fn every_json_form_decides_alike() {
+    let events: Vec<Value> = std::fs::read_to_string(fixture("failure_and_success.jsonl"))
+        .unwrap()
+        .lines()
+        .chain(
+            std::fs::read_to_string(fixture("seed_003_duplicates.jsonl"))
+                .unwrap()
+                .lines(),
+        )
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let decided: Vec<(&str, Vec<u8>)> = JsonForm::ALL
+        .iter()
+        .map(|form| {
+            let name = form.name();
+            let mut input = Vec::new();
+            for event in &events {
+                form.write(event, &mut input);
+            }
+            let mut child = Command::new(podstream_binary())
+                .arg("decide")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(&input).unwrap();
+            let output = child.wait_with_output().unwrap();
+            assert!(output.status.success(), "{name}");
+            (name, output.stdout)
+        })
+        .collect();
+    assert!(!decided[0].1.is_empty());
+    assert!(String::from_utf8_lossy(&decided[1].1).lines().count() >= 3);
+    for (name, output) in &decided[1..] {
+        assert_eq!(
+            String::from_utf8_lossy(output),
+            String::from_utf8_lossy(&decided[0].1),
+            "{name}"
+        );
+    }
 }
