@@ -93,6 +93,43 @@ pub enum ConnectError {
         /// What failed.
         reason: String,
     },
+    /// A server URL does not parse: no retry can make it reachable.
+    #[error("invalid NATS URL {server}: {reason}")]
+    Url {
+        /// The server as given, redacted.
+        server: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The servers of `url` (comma-separated), each checked as a NATS server address: a scheme
+/// the client speaks (`nats`, `tls`, `ws`, `wss`; none means `nats`) and a host.
+pub fn servers(url: &str) -> Result<Vec<&str>, ConnectError> {
+    let servers: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|server| !server.is_empty())
+        .collect();
+    if servers.is_empty() {
+        return Err(ConnectError::Url {
+            server: redacted(url),
+            reason: "no server in it".into(),
+        });
+    }
+    for server in &servers {
+        let invalid = |reason: String| ConnectError::Url {
+            server: redacted(server),
+            reason,
+        };
+        let address = server
+            .parse::<async_nats::ServerAddr>()
+            .map_err(|error| invalid(error.to_string()))?;
+        if address.host().is_empty() {
+            return Err(invalid("no host in it".into()));
+        }
+    }
+    Ok(servers)
 }
 
 /// `url` (one server, or several comma-separated) with every password or token replaced by
@@ -130,11 +167,7 @@ pub async fn connect(
     security: &NatsSecurity,
     name: &str,
 ) -> Result<async_nats::Client, ConnectError> {
-    let servers: Vec<&str> = url
-        .split(',')
-        .map(str::trim)
-        .filter(|server| !server.is_empty())
-        .collect();
+    let servers = servers(url)?;
     let shown = redacted(url);
     let secrets = match &security.credentials {
         NatsCredentials::Anonymous => Secrets::in_url(&servers),
@@ -316,7 +349,36 @@ fn options(
 
 #[cfg(test)]
 mod tests {
-    use super::redacted;
+    use super::{ConnectError, redacted, servers};
+
+    /// A URL that can never reach a server is an error at once, with the URL (redacted) and
+    /// what is wrong; the forms other NATS clients take still read.
+    #[test]
+    fn unparsable_servers_are_refused_at_once() {
+        for url in [
+            "nats://",
+            "not a url:::",
+            "",
+            " , ",
+            "http://nats:4222",
+            "nats://u:s3cret@:4222",
+        ] {
+            match servers(url) {
+                Err(error @ ConnectError::Url { .. }) => {
+                    assert!(!error.to_string().contains("s3cret"), "{error}");
+                }
+                other => panic!("{url:?}: {other:?}"),
+            }
+        }
+        for (url, count) in [
+            ("nats://127.0.0.1:4222", 1),
+            ("localhost:4222", 1),
+            ("tls://nats.example:4222, nats://b:4222", 2),
+            ("nats://user:pw@nats:4222", 1),
+        ] {
+            assert_eq!(servers(url).map(|s| s.len()).ok(), Some(count), "{url}");
+        }
+    }
 
     #[test]
     fn no_url_shows_its_password_or_token() {

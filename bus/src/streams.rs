@@ -46,6 +46,17 @@ pub enum StreamError {
         /// What differs.
         what: String,
     },
+    /// Creating the stream failed while another component was creating it, and it is not
+    /// there yet: not now rather than no (nats-server refuses a second concurrent create with
+    /// "error creating store for stream").
+    #[error("stream {stream}: being created by another component ({source})")]
+    CreateRaced {
+        /// The stream's name.
+        stream: String,
+        /// The create's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The JetStream API refused or failed.
     #[error("stream {stream}: {source}")]
     Api {
@@ -185,6 +196,8 @@ pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
             e.kind() == jetstream::context::CreateKeyValueErrorKind::TimedOut
         } else if let Some(e) = error.downcast_ref::<jetstream::Error>() {
             e.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+        } else if let Some(e) = error.downcast_ref::<StreamError>() {
+            matches!(e, StreamError::CreateRaced { .. })
         } else {
             false
         };
@@ -232,15 +245,30 @@ async fn ensure_once(
                     what: format!("subjects claimed by another stream ({error})"),
                 }),
                 // Components start together: another one may have created the stream since
-                // it was looked up, and the server then refuses this create.
+                // it was looked up, and the server then refuses this create; while that
+                // other create is still making the store, the stream is not there yet.
                 Err(error) => match js.get_stream(&name).await {
                     Ok(existing) => reconcile(js, existing, &wanted, &given).await,
+                    Err(_) if is_stream_create_error(&error) => Err(StreamError::CreateRaced {
+                        stream: name.clone(),
+                        source: Box::new(error),
+                    }),
                     Err(_) => Err(api(&name, error)),
                 },
             }
         }
         Err(error) => Err(api(&name, error)),
     }
+}
+
+/// Whether a create failed with nats-server's "error creating store for stream" (10049), as
+/// a second create of one stream does while the first is making its store.
+fn is_stream_create_error(error: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        error.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_CREATE
+    )
 }
 
 /// Checks an existing stream against `wanted` and applies the settings `given`.

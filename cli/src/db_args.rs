@@ -39,6 +39,12 @@ pub struct DbArgs {
         default_value_t = TaskFailuresArg::Sink
     )]
     pub task_failures: TaskFailuresArg,
+    /// On Airflow 3, take a pod as a TI's only when it names the TI's UUID (its
+    /// `task_instance_id` annotation); a pod without one is foreign. Only for an Airflow whose
+    /// executor writes that annotation: the executors of Airflow 3.0 to 3.3 with
+    /// cncf.kubernetes 10.25 key task instances by name and write none.
+    #[arg(long, env = "PODSTREAM_REQUIRE_TASK_INSTANCE_ID")]
+    pub require_task_instance_id: bool,
 }
 
 /// `--task-failures`.
@@ -64,6 +70,7 @@ impl DbArgs {
     pub fn policy(&self) -> Policy {
         Policy::with_launch_failure_excluded_reasons(&self.launch_failure_excluded_reasons)
             .with_task_failures(self.task_failures.into())
+            .requiring_task_instance_id(self.require_task_instance_id)
     }
 
     /// The database, with the password from `PODSTREAM_DB_PASSWORD` or the password file.

@@ -1,4 +1,4 @@
-//! `podstream ingest`: every worker-pod event onto JetStream (contract.md §2).
+//! `podstream ingest`: every worker-pod event onto JetStream (docs/contract.md §2).
 
 use anyhow::Context;
 use clap::Args;
@@ -27,13 +27,11 @@ pub struct IngestArgs {
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = service::DEFAULT_ACK_WINDOW)]
     pub ack_window: usize,
-    /// KV bucket of the ingest checkpoint.
-    #[arg(
-        long,
-        env = "PODSTREAM_CHECKPOINT_BUCKET",
-        default_value = service::DEFAULT_CHECKPOINT_BUCKET
-    )]
-    pub checkpoint_bucket: String,
+    /// KV bucket of the ingest checkpoint [default: <prefix>-ingest].
+    #[arg(long, env = "PODSTREAM_CHECKPOINT_BUCKET")]
+    pub checkpoint_bucket: Option<String>,
+    #[command(flatten)]
+    pub selector: crate::kube_args::PodSelectorArgs,
     /// Milliseconds between checkpoint writes at most: each write rewrites the shards whose
     /// pods changed. After a crash, what was published since the last write is published
     /// again, which the duplicate window absorbs, so it must stay well under that window.
@@ -51,20 +49,25 @@ pub struct IngestArgs {
 
 impl IngestArgs {
     /// The ingest configuration these flags describe.
-    pub fn config(&self) -> IngestConfig {
-        IngestConfig {
+    pub fn config(&self) -> anyhow::Result<IngestConfig> {
+        let subjects = self.streams.prefix.subjects()?;
+        Ok(IngestConfig {
             bus: self
                 .streams
                 .bus(&self.nats.nats, self.nats.security.security()),
             namespaces: self.kube.namespaces(),
             kube_context: self.kube.kube_context.clone(),
+            pod_selector: self.selector.pod_selector.clone(),
             ack_window: self.ack_window,
-            checkpoint_bucket: self.checkpoint_bucket.clone(),
+            checkpoint_bucket: self
+                .checkpoint_bucket
+                .clone()
+                .unwrap_or_else(|| subjects.resource_name(service::CHECKPOINT_ROLE)),
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
-            lease: self.lease.lease(),
+            lease: self.lease.lease(&subjects),
             spark: self.spark.spark,
             health: podstream_bus::Health::new(),
-        }
+        })
     }
 }
 
@@ -75,7 +78,7 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
         let health = args.ops.serve().await?;
         let config = IngestConfig {
             health,
-            ..args.config()
+            ..args.config()?
         };
         let kube = service::kube_client(config.kube_context.as_deref()).await?;
         // A task on the runtime's workers, not the main thread's `block_on`: the watch and the

@@ -13,6 +13,16 @@ pub struct KubeArgs {
     pub kube_context: Option<String>,
 }
 
+/// Which worker pods are one Airflow deployment's.
+#[derive(Debug, Clone, Args)]
+pub struct PodSelectorArgs {
+    /// Label selector narrowing the watch of worker pods to one Airflow deployment (e.g.
+    /// `release=airflow-a`, the official chart's release label), for two deployments in one
+    /// namespace; give each its own --prefix too [default: every pod with `airflow-worker`].
+    #[arg(long, env = "PODSTREAM_POD_SELECTOR")]
+    pub pod_selector: Option<String>,
+}
+
 impl KubeArgs {
     /// The namespaces given, without empty entries.
     pub fn namespaces(&self) -> Vec<String> {

@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use podstream_ingest::leadership::{
-    DEFAULT_LEASE_DURATION_SECONDS, DEFAULT_LEASE_NAME, LeaseConfig,
-};
+use podstream_ingest::leadership::{DEFAULT_LEASE_DURATION_SECONDS, LEASE_ROLE, LeaseConfig};
+use podstream_proto::subject::Subjects;
 
 /// Which Lease elects one ingest among replicas.
 #[derive(Debug, Clone, Args)]
@@ -14,10 +13,10 @@ pub struct LeaseArgs {
     /// `default`.
     #[arg(long, env = "PODSTREAM_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
-    /// Name of the Lease. The holder identity is $POD_NAME (else the host name), `_` and a
-    /// suffix unique to the process.
-    #[arg(long, env = "PODSTREAM_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
-    pub lease_name: String,
+    /// Name of the Lease [default: <prefix>-ingest]. The holder identity is $POD_NAME (else
+    /// the host name), `_` and a suffix unique to the process.
+    #[arg(long, env = "PODSTREAM_LEASE_NAME")]
+    pub lease_name: Option<String>,
     /// Seconds the Lease lasts unrenewed: a standby takes over a dead leader's after about
     /// this, and a leader stops writing a fifth of it before its lease could expire.
     #[arg(
@@ -34,15 +33,19 @@ pub struct LeaseArgs {
 }
 
 impl LeaseArgs {
-    /// The Lease to compete for, or `None` without an election.
-    pub fn lease(&self) -> Option<LeaseConfig> {
+    /// The Lease to compete for, or `None` without an election; unnamed, it is the
+    /// prefix's (`subjects`).
+    pub fn lease(&self, subjects: &Subjects) -> Option<LeaseConfig> {
         if self.no_leader_election {
             return None;
         }
         let defaults = LeaseConfig::new();
         Some(LeaseConfig {
             namespace: self.lease_namespace.clone().unwrap_or(defaults.namespace),
-            name: self.lease_name.clone(),
+            name: self
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| subjects.resource_name(LEASE_ROLE)),
             duration: Duration::from_secs(self.lease_duration_seconds),
             ..defaults
         })

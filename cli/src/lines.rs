@@ -78,10 +78,27 @@ fn pod_line(
     } else {
         ""
     };
-    format!(
+    printable(format!(
         "pod  {kind:<8}{synthesized} {}/{} rv={} owner={} phase={phase} ti={ti}{notice}",
         pod.namespace, pod.name, event.resource_version, event.owner
-    )
+    ))
+}
+
+/// `line` with every control character escaped (`\u{1b}`): names and reasons come from pods,
+/// and a terminal must not run what a pod's annotations say.
+fn printable(line: String) -> String {
+    if !line.chars().any(char::is_control) {
+        return line;
+    }
+    line.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A command as a line of text or JSON (the JSON is `decide`'s line plus stream and subject).
@@ -104,16 +121,47 @@ pub fn command_line(command: &Command, subject: &str, as_json: bool) -> String {
         .map(|r| format!(" reason={r}"))
         .unwrap_or_default();
     let to = line.to.map(|t| format!(" to={t}")).unwrap_or_default();
-    format!(
+    printable(format!(
         "cmd  {:<8} {}/{} owner={} ti={ti}{reason}{to}",
         line.kind, pod.namespace, pod.name, command.owner
-    )
+    ))
 }
 
 fn undecodable(subject: &str, error: &str, as_json: bool) -> String {
     if as_json {
         json!({ "subject": subject, "error": error }).to_string()
     } else {
-        format!("?    {subject}: not decodable: {error}")
+        printable(format!("?    {subject}: not decodable: {error}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podstream_proto::TaskKey;
+
+    #[test]
+    fn text_lines_escape_control_characters_and_json_lines_stay_json() {
+        let command = Command {
+            task: Some(TaskKey {
+                dag_id: "etl\u{1b}]0;pwned\u{7}".into(),
+                task_id: "load\nnext".into(),
+                run_id: "r".into(),
+                map_index: -1,
+                try_number: 1,
+                ..TaskKey::default()
+            }),
+            kind: Some(podstream_proto::v1::command::Kind::Running(
+                podstream_proto::v1::Running {},
+            )),
+            ..Command::default()
+        };
+        let text = command_line(&command, "podstream.commands.1.u", false);
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert!(text.contains("etl\\u{1b}]0;pwned\\u{7}"), "{text}");
+        let json = command_line(&command, "podstream.commands.1.u", true);
+        assert!(!json.chars().any(char::is_control), "{json:?}");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["ti"]["dag_id"], "etl\u{1b}]0;pwned\u{7}");
     }
 }

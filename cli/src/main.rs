@@ -62,7 +62,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Apply the processor's rules to Kubernetes JSON and print one JSON line
-    /// per command (contract.md §1).
+    /// per command (docs/contract.md §1).
     Decide(decide::DecideArgs),
     /// Watch every Airflow worker pod and publish its events on JetStream.
     Ingest(ingest::IngestArgs),

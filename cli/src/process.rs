@@ -30,13 +30,9 @@ pub struct ProcessArgs {
         default_value = service::DEFAULT_CONSUMER
     )]
     pub consumer: String,
-    /// KV bucket of the per-task-instance state.
-    #[arg(
-        long,
-        env = "PODSTREAM_PROCESS_BUCKET",
-        default_value = service::DEFAULT_BUCKET
-    )]
-    pub bucket: String,
+    /// KV bucket of the per-task-instance state [default: <prefix>-process].
+    #[arg(long, env = "PODSTREAM_PROCESS_BUCKET")]
+    pub bucket: Option<String>,
     /// Pod events fetched at once.
     #[arg(long, env = "PODSTREAM_PROCESS_BATCH_SIZE", default_value_t = service::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
@@ -68,8 +64,9 @@ pub struct ProcessArgs {
 
 impl ProcessArgs {
     /// The processor configuration these flags describe.
-    pub fn config(&self) -> ProcessConfig {
-        ProcessConfig {
+    pub fn config(&self) -> anyhow::Result<ProcessConfig> {
+        let subjects = self.streams.prefix.subjects()?;
+        Ok(ProcessConfig {
             bus: self
                 .streams
                 .bus(&self.nats.nats, self.nats.security.security()),
@@ -80,16 +77,19 @@ impl ProcessArgs {
                 .cloned()
                 .collect(),
             consumer: self.consumer.clone(),
-            bucket: self.bucket.clone(),
+            bucket: self
+                .bucket
+                .clone()
+                .unwrap_or_else(|| subjects.resource_name(service::BUCKET_ROLE)),
             rules: self.rules.rules(),
             batch_size: self.batch_size,
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             ack_wait: self.ack_wait.ack_wait(),
             cached_records: self.cached_records,
-            spark_bucket: self.spark_bucket.bucket(&self.spark),
+            spark_bucket: self.spark_bucket.bucket(&self.spark, &subjects),
             health: podstream_bus::Health::new(),
-        }
+        })
     }
 }
 
@@ -100,7 +100,7 @@ pub fn run(args: &ProcessArgs) -> anyhow::Result<()> {
         let health = args.ops.serve().await?;
         let config = ProcessConfig {
             health,
-            ..args.config()
+            ..args.config()?
         };
         let stats = args
             .shutdown

@@ -25,16 +25,17 @@ use crate::timeline_page;
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     podstream replay --since 2026-11-30T10:00:00Z --task etl/load/scheduled__2026-11-30T09:00:00+00:00\n  \
-    podstream replay --since 1 --pod etl-load-x7k2 --json\n  \
-    podstream replay --since 1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?\n  \
+    podstream replay --since 2h --pod etl-load-x7k2 --json\n  \
+    podstream replay --since seq:1 --decide --fatal-reasons ErrImagePull    # what would today's rules change?\n  \
     podstream replay --since 2026-11-30T00:00:00Z --task etl/load/scheduled__2026-11-30T00:00:00+00:00 --html load.html")]
 pub struct ReplayArgs {
     #[command(flatten)]
     nats: NatsArgs,
     #[command(flatten)]
     prefix: PrefixArgs,
-    /// Where to start: an RFC 3339 time (both streams) or a sequence of the pod-events stream
-    /// (commands from that event's time on).
+    /// Where to start: a duration ago (`30m`, `2h`, `1d`), an RFC 3339 time (both streams),
+    /// or a sequence of the pod-events stream, `seq:N` (commands from that event's time on; a
+    /// bare number is read as a sequence too).
     #[arg(long, env = "PODSTREAM_REPLAY_SINCE")]
     since: Position,
     /// Where to stop (inclusive), same forms; the streams' ends at start when absent.
@@ -71,13 +72,33 @@ impl std::str::FromStr for Position {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        if let Ok(sequence) = text.parse::<u64>() {
+        let sequence = text.strip_prefix("seq:").unwrap_or(text);
+        if let Ok(sequence) = sequence.parse::<u64>() {
             return Ok(Position::Sequence(sequence));
         }
-        OffsetDateTime::parse(text, &Rfc3339)
-            .map(Position::Time)
-            .map_err(|e| format!("{text:?} is neither a sequence nor an RFC 3339 time: {e}"))
+        if let Some(ago) = duration(text) {
+            return Ok(Position::Time(OffsetDateTime::now_utc() - ago));
+        }
+        OffsetDateTime::parse(text, &Rfc3339).map(Position::Time).map_err(|e| {
+            format!(
+                "{text:?} is none of a duration ago (30m, 2h, 1d), an RFC 3339 time and a stream sequence (seq:N): {e}"
+            )
+        })
     }
+}
+
+/// `30s`, `30m`, `2h`, `1d`: how long ago.
+fn duration(text: &str) -> Option<time::Duration> {
+    let unit = text.chars().last()?;
+    let count: i64 = text[..text.len() - unit.len_utf8()].parse().ok()?;
+    let seconds = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3_600,
+        'd' => 86_400,
+        _ => return None,
+    };
+    (count >= 0).then(|| time::Duration::seconds(count.saturating_mul(seconds)))
 }
 
 /// `--task DAG/TASK/RUN[/TRY]`, where TASK may end in `[map index]`.
@@ -612,5 +633,35 @@ impl Redecide {
             .into_values()
             .map(|(then, today)| Difference { then, today })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_durations_times_and_sequences() {
+        let now = OffsetDateTime::now_utc();
+        let ago = |text: &str| match text.parse::<Position>() {
+            Ok(Position::Time(at)) => (now - at).whole_seconds(),
+            other => panic!("{text}: {other:?}"),
+        };
+        for (text, seconds) in [("30s", 30), ("30m", 1_800), ("2h", 7_200), ("1d", 86_400)] {
+            assert!((ago(text) - seconds).abs() <= 5, "{text}");
+        }
+        for (text, sequence) in [("seq:1", 1), ("1", 1), ("seq:42", 42)] {
+            assert!(
+                matches!(text.parse::<Position>(), Ok(Position::Sequence(s)) if s == sequence),
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            "2026-11-30T00:00:00Z".parse::<Position>(),
+            Ok(Position::Time(_))
+        ));
+        for bad in ["", "m", "-5m", "5w", "seq:", "seq:x", "yesterday"] {
+            assert!(bad.parse::<Position>().is_err(), "{bad:?}");
+        }
     }
 }

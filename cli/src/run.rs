@@ -1,4 +1,4 @@
-//! `podstream run`: ingest, processor and sink in one process (contract.md §4), for small
+//! `podstream run`: ingest, processor and sink in one process (docs/contract.md §4), for small
 //! installs. Without `--nats` it starts a local `nats-server` on `--data-dir`.
 
 use std::path::PathBuf;
@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use podstream_bus::local_server::{LocalServer, find_binary};
-use podstream_ingest::service::{IngestConfig, kube_client};
-use podstream_processor::service::ProcessConfig;
+use podstream_ingest::service::{CHECKPOINT_ROLE, IngestConfig, kube_client};
+use podstream_processor::service::{BUCKET_ROLE, ProcessConfig};
 use podstream_sink::Database;
 use podstream_sink::service::SinkConfig;
 
@@ -42,6 +42,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
+    pub selector: crate::kube_args::PodSelectorArgs,
+    #[command(flatten)]
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
@@ -64,20 +66,25 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    fn config(&self, nats_url: &str) -> PipelineConfig {
-        PipelineConfig {
+    /// The pipeline these flags describe; its buckets and Lease are the prefix's.
+    fn config(&self, nats_url: &str) -> anyhow::Result<PipelineConfig> {
+        let subjects = self.streams.prefix.subjects()?;
+        Ok(PipelineConfig {
             bus: self.streams.bus(nats_url, self.nats_security.security()),
             ingest: IngestConfig {
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),
-                lease: self.lease.lease(),
+                pod_selector: self.selector.pod_selector.clone(),
+                checkpoint_bucket: subjects.resource_name(CHECKPOINT_ROLE),
+                lease: self.lease.lease(&subjects),
                 spark: self.spark.spark,
                 ..IngestConfig::default()
             },
             process: ProcessConfig {
+                bucket: subjects.resource_name(BUCKET_ROLE),
                 rules: self.rules.rules(),
                 ack_wait: self.ack_wait.ack_wait(),
-                spark_bucket: self.spark_bucket.bucket(&self.spark),
+                spark_bucket: self.spark_bucket.bucket(&self.spark, &subjects),
                 ..ProcessConfig::default()
             },
             sink: self.sink_batching.batching(SinkConfig {
@@ -85,7 +92,7 @@ impl RunArgs {
                 ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
             }),
-        }
+        })
     }
 }
 
@@ -107,7 +114,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             (Some(server), url)
         }
     };
-    let mut config = args.config(&nats_url);
+    let mut config = args.config(&nats_url)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let result = runtime.block_on(async {
         // One endpoint for the three stages: ready when all are.
@@ -156,7 +163,7 @@ mod tests {
     fn sink_config(flags: &[&str]) -> SinkConfig {
         let args = ["podstream"].iter().chain(flags);
         let cli = Cli::try_parse_from(args).unwrap();
-        cli.run.config("nats://127.0.0.1:4222").sink
+        cli.run.config("nats://127.0.0.1:4222").unwrap().sink
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `podstream sim`: serve the Kubernetes API simulator until killed, with a kubelet that runs
-//! pods when asked (contract.md §4).
+//! pods when asked (docs/contract.md §4).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -16,7 +16,9 @@ use podstream_sim::{CustomResource, Kubelet, KubeletConfig, Server, SimConfig};
     after_help = "Examples:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w\n  podstream sim --kubeconfig /tmp/sim.kubeconfig --crd sim/crds/sparkapplications.yaml   # with SparkApplications"
 )]
 pub struct SimArgs {
-    /// Address to serve the Kubernetes API on (port 0 picks a free port).
+    /// Address to serve the Kubernetes API on (port 0 picks a free port). Loopback by
+    /// default: the simulator has no authentication, and with --kubelet it runs each pod's
+    /// command as the user who started it, so serve it beyond this machine only on purpose.
     #[arg(long, env = "PODSTREAM_SIM_LISTEN", default_value = "127.0.0.1:8001")]
     listen: SocketAddr,
     /// Where to write a kubeconfig for kubectl and the kube crate.

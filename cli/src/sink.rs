@@ -1,4 +1,4 @@
-//! `podstream sink`: commands from JetStream applied to the metadata DB (contract.md §3).
+//! `podstream sink`: commands from JetStream applied to the metadata DB (docs/contract.md §3).
 
 use std::time::Duration;
 

@@ -2,7 +2,8 @@
 //! `ingest`, `process` and `run` (issue 25).
 
 use clap::Args;
-use podstream_processor::spark_service::DEFAULT_SPARK_BUCKET;
+use podstream_processor::spark_service::SPARK_ROLE;
+use podstream_proto::subject::Subjects;
 
 /// Whether Spark driver pods are watched (ingest) and decided (process).
 #[derive(Debug, Clone, Args)]
@@ -19,14 +20,20 @@ pub struct SparkArgs {
 /// Where the processor keeps the Spark jobs' records and choices.
 #[derive(Debug, Clone, Args)]
 pub struct SparkBucketArgs {
-    /// KV bucket of the Spark jobs' records and their chosen drivers (with --spark).
-    #[arg(long, env = "PODSTREAM_SPARK_BUCKET", default_value = DEFAULT_SPARK_BUCKET)]
-    pub spark_bucket: String,
+    /// KV bucket of the Spark jobs' records and their chosen drivers (with --spark)
+    /// [default: <prefix>-spark].
+    #[arg(long, env = "PODSTREAM_SPARK_BUCKET")]
+    pub spark_bucket: Option<String>,
 }
 
 impl SparkBucketArgs {
-    /// The processor's Spark bucket, when `spark` says Spark objects are decided.
-    pub fn bucket(&self, spark: &SparkArgs) -> Option<String> {
-        spark.spark.then(|| self.spark_bucket.clone())
+    /// The processor's Spark bucket, when `spark` says Spark objects are decided; unnamed,
+    /// it is the prefix's (`subjects`).
+    pub fn bucket(&self, spark: &SparkArgs, subjects: &Subjects) -> Option<String> {
+        spark.spark.then(|| {
+            self.spark_bucket
+                .clone()
+                .unwrap_or_else(|| subjects.resource_name(SPARK_ROLE))
+        })
     }
 }

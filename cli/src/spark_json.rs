@@ -59,11 +59,18 @@ mod tests {
             { "kind": "Pod", "metadata": { "name": "w", "uid": "w", "labels": { "airflow-worker": "1" } } },
             { "kind": "Pod", "metadata": { "name": "d", "namespace": "airflow", "uid": "u1",
               "labels": { "spark-role": "driver", "dag_id": "etl", "task_id": "t", "run_id": "r",
+                          "try_number": "1", "spark_kubernetes_operator": "True" } } },
+            { "kind": "Pod", "metadata": { "name": "p", "uid": "u2",
+              "labels": { "spark-role": "driver", "spark_kubernetes_operator": "True" } } },
+            // A driver Airflow did not launch: not a Spark object to decide, as the ingest
+            // and the provider's find_spark_job select only the operator's.
+            { "kind": "Pod", "metadata": { "name": "x", "uid": "u3",
+              "labels": { "spark-role": "driver", "dag_id": "etl", "task_id": "t", "run_id": "r",
                           "try_number": "1" } } },
-            { "kind": "Pod", "metadata": { "name": "p", "uid": "u2", "labels": { "spark-role": "driver" } } },
         ] });
         let split = spark_items(&list).unwrap();
-        assert_eq!(split.others.len(), 1);
+        assert_eq!(split.others.len(), 2);
+        assert_eq!(split.items.len(), 2);
         assert!(
             matches!(&split.items[0], Ok(event) if matches!(event.object, Some(Object::Driver(_))))
         );

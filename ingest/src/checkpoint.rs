@@ -258,11 +258,7 @@ impl Checkpoint {
     /// revision just read, so of two ingests claiming at once one is [`Deposed`]. Every later
     /// write proves the claim still holds. Returns the term.
     pub async fn claim(&mut self, identity: &str) -> anyhow::Result<u64> {
-        let current = self
-            .kv
-            .entry(LEADER_KEY)
-            .await
-            .context("reading the checkpoint's leader")?;
+        let current = read_leader(&self.kv).await?;
         let (term, revision) = match &current {
             Some(entry) if entry.operation == kv::Operation::Put => {
                 let term = std::str::from_utf8(&entry.value)
@@ -571,6 +567,32 @@ async fn compare_and_set(
         Err(error) => Err(Refused::Failed(
             anyhow::Error::new(error).context(format!("writing {key}")),
         )),
+    }
+}
+
+/// How long a claim retries reading the `leader` key while its bucket cannot answer yet (a
+/// replicated bucket just created, or electing a leader after a node died: "no responders").
+const LEADER_READ_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The `leader` key, read again while the bucket does not answer, for up to
+/// [`LEADER_READ_PATIENCE`]: an ingest started beside a JetStream cluster that is still
+/// electing must wait for it, not exit.
+async fn read_leader(kv: &kv::Store) -> anyhow::Result<Option<kv::Entry>> {
+    let deadline = Instant::now() + LEADER_READ_PATIENCE;
+    let mut backoff =
+        podstream_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        match kv.entry(LEADER_KEY).await {
+            Ok(entry) => return Ok(entry),
+            Err(error) if Instant::now() < deadline => {
+                tracing::warn!(%error, retry_in_ms = backoff.delay().as_millis() as u64,
+                    "the checkpoint bucket does not answer yet; reading its leader again");
+                backoff.wait().await;
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error).context("reading the checkpoint's leader"));
+            }
+        }
     }
 }
 

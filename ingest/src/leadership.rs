@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 
 /// The Lease's name by default.
 pub const DEFAULT_LEASE_NAME: &str = "podstream-ingest";
+/// The role in the name of a prefix's Lease (`<prefix>-ingest`).
+pub const LEASE_ROLE: &str = "ingest";
 /// Seconds a lease lasts unrenewed by default: a standby takes over a dead leader's within
 /// about this plus one.
 pub const DEFAULT_LEASE_DURATION_SECONDS: u64 = 10;
@@ -39,6 +41,9 @@ pub struct LeaseConfig {
     pub identity: String,
     /// How long the lease lasts unrenewed.
     pub duration: Duration,
+    /// `$POD_NAME`, when this ingest runs in a pod: a Lease held by an earlier incarnation of
+    /// the same pod (a restarted container) is taken back at once, not waited out.
+    pub pod: Option<String>,
 }
 
 impl LeaseConfig {
@@ -50,7 +55,22 @@ impl LeaseConfig {
             name: DEFAULT_LEASE_NAME.into(),
             identity: identity(),
             duration: Duration::from_secs(DEFAULT_LEASE_DURATION_SECONDS),
+            pod: pod_name(),
         }
+    }
+
+    /// Whether `holder` is an earlier incarnation of this ingest's pod: the same `$POD_NAME`,
+    /// another process suffix. A pod's name is unique among live pods of its namespace, so
+    /// that incarnation's container has ended. Off Kubernetes (no `$POD_NAME`) nothing is:
+    /// a host name does not tell a restarted process from another replica on the same host.
+    pub fn is_own_pods_earlier_holder(&self, holder: &str) -> bool {
+        let Some(pod) = &self.pod else {
+            return false;
+        };
+        holder != self.identity
+            && holder
+                .rsplit_once('_')
+                .is_some_and(|(base, suffix)| base == pod && is_suffix(suffix))
     }
 
     /// Seconds before the lease's expiry it is renewed (the library's grace): half the lease,
@@ -81,12 +101,26 @@ pub fn default_namespace() -> String {
         .unwrap_or_else(|| DEFAULT_NAMESPACE.into())
 }
 
-/// `$POD_NAME` (else the host name), `_`, and a suffix unique to this process: a restarted
-/// container is a new candidate, never mistaken for the holder it replaces.
-pub fn identity() -> String {
-    let base = std::env::var("POD_NAME")
+/// `$POD_NAME`, when set.
+fn pod_name() -> Option<String> {
+    std::env::var("POD_NAME")
         .ok()
         .filter(|name| !name.is_empty())
+}
+
+/// The length of the process suffix of an identity.
+const SUFFIX_LEN: usize = 8;
+
+/// Whether `suffix` is what [`identity`] appends.
+fn is_suffix(suffix: &str) -> bool {
+    suffix.len() == SUFFIX_LEN && suffix.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `$POD_NAME` (else the host name), `_`, and a suffix unique to this process: a restarted
+/// container is a new candidate, never mistaken for the holder it replaces (it takes the
+/// Lease back from that holder at once, see [`LeaseConfig::is_own_pods_earlier_holder`]).
+pub fn identity() -> String {
+    let base = pod_name()
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()
@@ -95,7 +129,7 @@ pub fn identity() -> String {
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "podstream-ingest".into());
     let suffix = uuid::Uuid::new_v4().simple().to_string();
-    format!("{base}_{}", &suffix[..8])
+    format!("{base}_{}", &suffix[..SUFFIX_LEN])
 }
 
 /// The ingest stopped leading: it must write nothing more.
@@ -159,6 +193,8 @@ pub struct Leadership {
 impl Leadership {
     /// Waits until this ingest holds the lease (creating it if needed).
     pub async fn acquire(kube: kube::Client, config: &LeaseConfig) -> anyhow::Result<Leadership> {
+        let api: Api<Lease> = Api::namespaced(kube.clone(), &config.namespace);
+        reclaim_from_own_pod(&api, config).await;
         let manager = LeaseManagerBuilder::new(kube.clone(), &config.name)
             .with_namespace(&config.namespace)
             .with_identity(&config.identity)
@@ -181,7 +217,6 @@ impl Leadership {
                 .await
                 .context("the lease manager stopped before this ingest led")?;
         }
-        let api: Api<Lease> = Api::namespaced(kube, &config.namespace);
         let deadline = renewed_deadline(&api, config)
             .await?
             .ok_or_else(|| anyhow::anyhow!("elected, but the Lease names another holder"))?;
@@ -220,6 +255,38 @@ impl Leadership {
             }
             Err(_) => tracing::warn!("releasing the lease timed out; it expires on its own"),
         }
+    }
+}
+
+/// When the Lease is held by an earlier incarnation of this pod (killed, its container
+/// restarted), frees it so this one leads at once instead of waiting out a lease nobody will
+/// renew. The write is conditional on the Lease as read: if anyone renewed or took it
+/// meanwhile, nothing changes. Anything that goes wrong only leaves the usual wait.
+async fn reclaim_from_own_pod(api: &Api<Lease>, config: &LeaseConfig) {
+    let Ok(Some(mut lease)) = api.get_opt(&config.name).await else {
+        return;
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return;
+    };
+    let Some(holder) = spec
+        .holder_identity
+        .take()
+        .filter(|holder| config.is_own_pods_earlier_holder(holder))
+    else {
+        return;
+    };
+    spec.renew_time = None;
+    spec.acquire_time = None;
+    // `replace` carries the resourceVersion read: a concurrent change makes it a conflict.
+    match api
+        .replace(&config.name, &kube::api::PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => tracing::info!(lease = %config.name, %holder, identity = %config.identity,
+            "took the Lease back from this pod's earlier incarnation"),
+        Err(error) => tracing::info!(lease = %config.name, %holder, %error,
+            "could not take the Lease back from this pod's earlier incarnation; waiting for it"),
     }
 }
 
@@ -301,6 +368,34 @@ mod tests {
         let (base, suffix) = one.rsplit_once('_').unwrap();
         assert!(!base.is_empty());
         assert_eq!(suffix.len(), 8);
+    }
+
+    #[test]
+    fn only_an_earlier_incarnation_of_this_pod_is_reclaimed_from() {
+        let config = |pod: Option<&str>| LeaseConfig {
+            identity: "ingest-0_0123abcd".into(),
+            pod: pod.map(str::to_owned),
+            ..LeaseConfig::new()
+        };
+        let in_pod = config(Some("ingest-0"));
+        let table = [
+            ("ingest-0_89abcdef", true),
+            ("ingest-0_0123abcd", false), // this process itself
+            ("ingest-1_89abcdef", false), // another replica
+            ("ingest-0-x_89abcdef", false),
+            ("ingest-0_89abcdeg", false), // not a suffix this code writes
+            ("ingest-0_89abcde", false),
+            ("ingest-0", false),
+            ("", false),
+        ];
+        for (holder, reclaimed) in table {
+            assert_eq!(
+                in_pod.is_own_pods_earlier_holder(holder),
+                reclaimed,
+                "{holder}"
+            );
+        }
+        assert!(!config(None).is_own_pods_earlier_holder("ingest-0_89abcdef"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The Kubernetes side of podstream.
 //!
 //! - [`projection`]: a worker `Pod` reduced to the `PodEvent` the rules need,
-//!   or a typed reason why it cannot be.
+//!   or a typed reason why it cannot be; [`dead_pod`]: what a dead letter keeps of a pod it
+//!   could not use (never its spec).
 //! - [`known`]: what the ingest publishes for each observed pod (the pure core: skips,
 //!   owner notices, synthesized deletes).
 //! - [`listing`]: what one watched scope's list is doing (held back or streaming), as a
@@ -20,6 +21,7 @@
 //!   each (`--spark`).
 
 pub mod checkpoint;
+pub mod dead_pod;
 pub mod json_scan;
 pub mod known;
 pub mod leadership;

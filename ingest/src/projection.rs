@@ -1,6 +1,6 @@
 //! Projection of a worker pod into a `PodEvent`: identity, owner, the TI key
 //! from annotations, phase, deletion, and the container states the rules read.
-//! Never the whole pod. See semantics.md "Identity".
+//! Never the whole pod. See docs/semantics.md "Identity".
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -39,6 +39,10 @@ pub enum ProjectionError {
     /// are not a fallback (they could attach a stale pod to another attempt).
     #[error("annotation `task_instance_id` is {0:?}, not a UUID")]
     InvalidTaskInstanceId(String),
+    /// A name in the key is outside the bounds podstream accepts (too long, a control
+    /// character): it could name no Airflow task instance.
+    #[error("annotations out of bounds: {0}")]
+    Unbounded(#[from] podstream_proto::task::Unbounded),
     /// A numeric annotation is not an integer.
     #[error("annotation `{annotation}` is {value:?}, not an integer")]
     NotAnInteger {
@@ -316,7 +320,7 @@ fn task_key(annotations: Option<&KeyAnnotations>) -> Result<TaskKey, ProjectionE
             .hyphenated()
             .to_string(),
     };
-    Ok(TaskKey {
+    let key = TaskKey {
         dag_id: dag_id.to_owned(),
         task_id: task_id.to_owned(),
         run_id: run_id.to_owned(),
@@ -324,7 +328,9 @@ fn task_key(annotations: Option<&KeyAnnotations>) -> Result<TaskKey, ProjectionE
         try_number,
         logical_date: logical_date.to_owned(),
         task_instance_id,
-    })
+    };
+    key.check_bounds()?;
+    Ok(key)
 }
 
 fn waiting(status: &StatusFacts) -> Option<ContainerWaiting> {

@@ -66,6 +66,9 @@ pub struct IngestConfig {
     pub namespaces: Vec<String>,
     /// The kubeconfig context, when not the current one.
     pub kube_context: Option<String>,
+    /// A label selector narrowing the watch to one Airflow deployment's worker pods
+    /// (`--pod-selector`); `None` watches every worker pod.
+    pub pod_selector: Option<String>,
     /// Publishes awaiting their ack at most.
     pub ack_window: usize,
     /// The checkpoint KV bucket.
@@ -88,6 +91,7 @@ impl Default for IngestConfig {
             bus: BusConfig::default(),
             namespaces: Vec::new(),
             kube_context: None,
+            pod_selector: None,
             ack_window: DEFAULT_ACK_WINDOW,
             checkpoint_bucket: DEFAULT_CHECKPOINT_BUCKET.into(),
             checkpoint_interval: Duration::from_millis(DEFAULT_CHECKPOINT_INTERVAL_MS),
@@ -102,6 +106,8 @@ impl Default for IngestConfig {
 pub const DEFAULT_ACK_WINDOW: usize = 1024;
 /// The checkpoint KV bucket by default.
 pub const DEFAULT_CHECKPOINT_BUCKET: &str = "podstream-ingest";
+/// The role in the name of a prefix's checkpoint bucket (`<prefix>-ingest`).
+pub const CHECKPOINT_ROLE: &str = "ingest";
 /// How often the checkpoint is written at most, by default, in milliseconds.
 pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 1000;
 
@@ -249,6 +255,7 @@ pub async fn run(
     let mut ingest = Ingest {
         cursor: None,
         subjects,
+        selector: worker_selector(config.pod_selector.as_deref()),
         known: KnownPods::from_events(restored.pods),
         spark: KnownSpark::from_events(restored.spark),
         publisher: Publisher::new(js, config.ack_window, fence),
@@ -274,7 +281,10 @@ pub async fn run(
         .collect();
 
     ingest.cursor = restored.resume;
-    let mut events = read_ahead(watch_all(&apis, ingest.subjects.clone()), READ_AHEAD);
+    let mut events = read_ahead(
+        watch_all(&apis, ingest.subjects.clone(), &ingest.selector),
+        READ_AHEAD,
+    );
     let mut lists: Vec<ListState<Projected>> =
         (0..apis.len()).map(|_| ListState::Watching).collect();
     // Per scope: listed, and watching since without an error.
@@ -439,17 +449,26 @@ impl Watched {
     }
 }
 
+/// The label selector of the worker-pod watch: every pod with the owner label, whoever owns
+/// it (any value), narrowed by `--pod-selector` to one Airflow deployment's pods.
+pub fn worker_selector(pod_selector: Option<&str>) -> String {
+    match pod_selector.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(narrower) => format!("{OWNER_LABEL},{narrower}"),
+        None => OWNER_LABEL.to_owned(),
+    }
+}
+
 /// One watcher per scope, merged; items carry their scope's index.
 fn watch_all(
     apis: &[(Option<String>, Api<WatchedPod>)],
     subjects: Subjects,
+    selector: &str,
 ) -> BoxStream<'static, (usize, Watched)> {
     let streams: Vec<_> = apis
         .iter()
         .enumerate()
         .map(|(index, (_, api))| {
-            // Every worker pod, whoever owns it: the label must exist, any value.
-            let config = watcher::Config::default().labels(OWNER_LABEL);
+            let config = watcher::Config::default().labels(selector);
             let subjects = subjects.clone();
             watcher(api.clone(), config)
                 .default_backoff()
@@ -507,7 +526,7 @@ fn project(subjects: &Subjects, kind: EventType, pod: WatchedPod) -> Projected {
                 msg_id: format!("{uid}:{rv}:dead"),
                 reason,
                 source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
-                payload: Bytes::copy_from_slice(unusable.raw.get().as_bytes()),
+                payload: Bytes::from(crate::dead_pod::kept(unusable.raw.get())),
             }))
         }
     }
@@ -517,6 +536,8 @@ struct Ingest {
     /// The newest revision seen in watch order: where a history replay starts.
     cursor: Option<u64>,
     subjects: Subjects,
+    /// The label selector of the watch and its history replays ([`worker_selector`]).
+    selector: String,
     known: KnownPods,
     spark: KnownSpark,
     publisher: Publisher,
@@ -561,7 +582,7 @@ impl Ingest {
     async fn replay(&mut self, scope: Option<&str>, api: &Api<WatchedPod>, rv: u64) -> UidSet {
         let mut touched = UidSet::default();
         let params = WatchParams::default()
-            .labels(OWNER_LABEL)
+            .labels(&self.selector)
             .timeout(1)
             .disable_bookmarks();
         let mut stream = match api.watch(&params, &rv.to_string()).await {

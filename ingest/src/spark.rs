@@ -331,7 +331,7 @@ fn project(
                     object.name,
                     object.uid
                 ),
-                payload: Bytes::from(json.to_string()),
+                payload: Bytes::from(crate::dead_pod::kept(&json.to_string())),
             }))
         }
     }

@@ -17,8 +17,11 @@ use crate::projection::phase_named;
 /// The label every Spark pod has (`driver` or `executor`).
 pub const SPARK_ROLE_LABEL: &str = "spark-role";
 
+/// The label the SparkKubernetesOperator puts on the drivers it launches (`True`).
+pub const OPERATOR_LABEL: &str = "spark_kubernetes_operator";
+
 /// The label selector of the driver pods of Airflow-launched Spark jobs: what the ingest
-/// watches with `--spark` (the operator labels its drivers `spark_kubernetes_operator=True`).
+/// watches with `--spark`, and what `decide` takes as a driver ([`spark_kind`]).
 pub const DRIVER_SELECTOR: &str = "spark-role=driver,spark_kubernetes_operator=True";
 
 /// A Spark object that cannot give an event: why, and which object.
@@ -31,14 +34,15 @@ pub struct SparkUnusable {
 }
 
 /// Which kind of Spark object `object` is, if any: a SparkApplication, or a driver pod
-/// (a pod labelled `spark-role=driver` without `airflow-worker`; worker pods are never Spark
-/// objects, whatever else they carry).
+/// (a pod labelled `spark-role=driver` and `spark_kubernetes_operator=True` without
+/// `airflow-worker`; worker pods are never Spark objects, whatever else they carry).
 pub fn spark_kind(object: &Value) -> Option<SparkKind> {
     match object["kind"].as_str() {
         Some("SparkApplication") => Some(SparkKind::Application),
         Some("Pod") | None => {
             let labels = &object["metadata"]["labels"];
             (labels[SPARK_ROLE_LABEL].as_str() == Some("driver")
+                && labels[OPERATOR_LABEL].as_str() == Some("True")
                 && labels.get(crate::projection::OWNER_LABEL).is_none())
             .then_some(SparkKind::Driver)
         }
@@ -156,11 +160,19 @@ mod tests {
                 "deletionTimestamp": "2026-09-21T14:20:00Z",
                 "labels": { "spark-role": "driver", "dag_id": "etl", "task_id": "crunch",
                             "run_id": "r1", "try_number": "2", "already_checked": "True",
+                            "spark_kubernetes_operator": "True",
                             "sparkoperator.k8s.io/app-name": "crunch-app" },
             },
             "status": { "phase": "Running" },
         });
         assert_eq!(spark_kind(&pod), Some(SparkKind::Driver));
+        // A driver Airflow's operator did not launch is no Spark object of ours.
+        let mut foreign = pod.clone();
+        foreign["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove("spark_kubernetes_operator");
+        assert_eq!(spark_kind(&foreign), None);
         let event = project_spark(SparkKind::Driver, EventType::Added, &pod).unwrap();
         assert_eq!(event.resource_version, "7");
         let Some(Object::Driver(driver)) = event.object else {

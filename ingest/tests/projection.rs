@@ -546,7 +546,99 @@ fn a_malformed_pod_in_a_list_is_one_dead_letter_not_a_failed_list() {
     assert!(unusable.raw.get().contains("42"));
 }
 
+/// `value` as JSON text with `spaces` between its tokens: each gap takes the next entry of
+/// `spaces` in turn (JSON's whitespace: space, tab, CR, LF), so one value can hold every form.
+fn spaced(value: &Value, spaces: &[String]) -> String {
+    fn gap(gaps: &mut impl Iterator<Item = String>, out: &mut String) {
+        out.push_str(&gaps.next().unwrap_or_default());
+    }
+    fn write(value: &Value, gaps: &mut impl Iterator<Item = String>, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                out.push('{');
+                for (i, (key, item)) in map.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    gap(gaps, out);
+                    out.push_str(&Value::String(key.clone()).to_string());
+                    gap(gaps, out);
+                    out.push(':');
+                    gap(gaps, out);
+                    write(item, gaps, out);
+                    gap(gaps, out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    gap(gaps, out);
+                    write(item, gaps, out);
+                    gap(gaps, out);
+                }
+                out.push(']');
+            }
+            leaf => out.push_str(&leaf.to_string()),
+        }
+    }
+    let mut gaps = spaces.iter().cloned().cycle();
+    let mut out = String::new();
+    write(value, &mut gaps, &mut out);
+    out
+}
+
+/// Compact (as the apiserver sends), spaced, pretty-printed, and with every kind of JSON
+/// whitespace between tokens (Python's and kubectl's own forms run end to end in decide_cli).
+#[test]
+fn the_lean_reader_takes_every_json_form_and_agrees_with_the_generic_path() {
+    let running = with(worker_pod(), "/status/phase", json!("Running"));
+    for (kind, pod) in [("ADDED", worker_pod()), ("MODIFIED", running)] {
+        let event = json!({"type": kind, "object": pod});
+        let forms = [
+            event.to_string(),
+            spaced(&event, &[String::new(), " ".into()]),
+            serde_json::to_string_pretty(&event).unwrap(),
+            spaced(&event, &["\r\n\t ".into()]),
+        ];
+        for text in forms {
+            let lean = project_watch_event(&text);
+            assert!(lean.is_some(), "the lean reader declined {text}");
+            assert_eq!(vec![lean], generic(event.clone()), "{text}");
+        }
+    }
+}
+
+fn whitespace() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(
+        prop::collection::vec(
+            prop_oneof![Just(' '), Just('\t'), Just('\n'), Just('\r')],
+            0..3,
+        )
+        .prop_map(|chars| chars.into_iter().collect::<String>()),
+        1..16,
+    )
+}
+
 proptest! {
+    /// Random whitespace between any two tokens changes nothing: the lean reader takes the
+    /// pod (no decline) and projects what the generic path projects.
+    #[test]
+    fn whitespace_anywhere_between_tokens_keeps_the_fast_path(
+        spaces in whitespace(),
+        kind in prop_oneof![Just("ADDED"), Just("MODIFIED"), Just("DELETED")],
+        phase in prop_oneof![Just("Pending"), Just("Running"), Just("Failed"), Just("Succeeded")]) {
+        let pod = with(worker_pod(), "/status/phase", json!(phase));
+        let event = json!({"type": kind, "object": pod});
+        let text = spaced(&event, &spaces);
+        let lean = project_watch_event(&text);
+        prop_assert!(lean.is_some(), "declined: {:?}", text);
+        prop_assert_eq!(vec![lean], generic(event));
+    }
+
     /// Wherever k8s-openapi takes a mutated worker pod, the ingest's watch type projects it
     /// alike, or dead-letters it for the same reason with the pod as received.
     #[test]

@@ -13,8 +13,8 @@ use podstream_proto::v1::{Command, PodRef, TaskKey, command::Kind};
 /// One command to a task instance, as decided from one event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskCommand<'e> {
-    /// The task instance, from the event.
-    pub task: &'e TaskKey,
+    /// The task instance, from the event (with the UUID of the pod the command reports for).
+    pub task: Cow<'e, TaskKey>,
     /// The pod the command reports for (the event's pod, or the chosen pod
     /// of the TI when the choice moved to another one).
     pub pod: Cow<'e, PodRef>,
@@ -27,7 +27,7 @@ pub struct TaskCommand<'e> {
 }
 
 impl TaskCommand<'_> {
-    /// The deterministic idempotency id (contract.md): pod uid,
+    /// The deterministic idempotency id (docs/contract.md): pod uid,
     /// resourceVersion and kind.
     pub fn id(&self) -> String {
         command_id(&self.pod.uid, &self.resource_version, self.kind.name())
@@ -37,7 +37,7 @@ impl TaskCommand<'_> {
     pub fn into_command(self) -> Command {
         Command {
             id: self.id(),
-            task: Some(self.task.clone()),
+            task: Some(self.task.into_owned()),
             pod: Some(self.pod.into_owned()),
             owner: self.owner.into_owned(),
             resource_version: self.resource_version.into_owned(),
@@ -68,7 +68,7 @@ mod tests {
             name: "load-1".into(),
         };
         let decided = TaskCommand {
-            task: &task,
+            task: Cow::Borrowed(&task),
             pod: Cow::Borrowed(&pod),
             owner: Cow::Borrowed("2"),
             resource_version: Cow::Owned("42".into()),

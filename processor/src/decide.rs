@@ -24,6 +24,9 @@ pub enum EventError {
     /// The event names no task instance.
     #[error("pod event has no task instance key")]
     NoTask,
+    /// The task instance key is outside the bounds podstream accepts.
+    #[error("task instance key out of bounds: {0}")]
+    Unbounded(#[from] podstream_proto::task::Unbounded),
 }
 
 /// The result of deciding one event; its commands borrow from the event.
@@ -64,7 +67,7 @@ pub fn identity(event: &PodEvent) -> Result<(&PodRef, &TaskKey), EventError> {
     Ok((pod, key))
 }
 
-/// Decides one event of one pod (semantics.md, in full).
+/// Decides one event of one pod (docs/semantics.md, in full).
 pub fn decide<'e>(
     rules: &Rules,
     event: &'e PodEvent,
@@ -150,7 +153,7 @@ pub fn decide_identified<'e>(
         task.retired
             .extend(retired.into_iter().map(|c: Candidate| c.pod.uid));
     }
-    upsert(&mut task, pod, event, &outcome);
+    upsert(&mut task, pod, key, event, &outcome);
     let mut commands = Vec::new();
 
     // A relabel is an ownership transfer, reported by the pod that drives the TI.
@@ -162,12 +165,14 @@ pub fn decide_identified<'e>(
             to: event.owner.clone(),
         });
         push_sized(&mut commands, command(key, pod, event, transfer));
+        forward_outcome(&task, key, event, pod, &mut commands);
     }
     report_chosen(&mut task, key, event, pod, &mut commands);
     if deleted {
         task.candidates.retain(|c| c.pod.uid != pod.uid);
         report_chosen(&mut task, key, event, pod, &mut commands);
     }
+    pass_over(&mut task, pod);
     report_duplicates(&mut task, key, event, pod, &mut commands);
 
     let task = task.is_remembered().then_some(task);
@@ -190,9 +195,26 @@ fn is_relaunch(task: &TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outco
         && !task.completed()
 }
 
+/// Marks the event's pod passed over when it ended while another pod drove the live try:
+/// its ending is not the TI's, now or after the driving pod ends too. Without this, a newer
+/// pod that failed early (a forged copy of the TI's annotations, say) would win the order
+/// again once the real pod ended, and the real pod's outcome would never be reported.
+fn pass_over(task: &mut TaskState, pod: &PodRef) {
+    if task.settled {
+        return;
+    }
+    let chosen = chosen_uid(task).map(str::to_owned);
+    if let Some(candidate) = task.candidates.iter_mut().find(|c| c.pod.uid == pod.uid)
+        && candidate.current.is_terminal()
+        && chosen.as_deref() != Some(pod.uid.as_str())
+    {
+        candidate.passed_over = true;
+    }
+}
+
 /// Records the event's facts in the pod's candidate entry, keeping what was
 /// already reported for it.
-fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) {
+fn upsert(task: &mut TaskState, pod: &PodRef, key: &TaskKey, event: &PodEvent, outcome: &Outcome) {
     let terminating = event.deletion_unix_ms.is_some();
     match task.candidates.iter_mut().find(|c| c.pod.uid == pod.uid) {
         Some(candidate) => {
@@ -208,6 +230,9 @@ fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcom
             candidate.terminating = terminating;
             candidate.created_unix_ms = event.creation_unix_ms;
             candidate.current = outcome.clone();
+            if candidate.task_instance_id != key.task_instance_id {
+                candidate.task_instance_id.clone_from(&key.task_instance_id);
+            }
         }
         None => push_sized(
             &mut task.candidates,
@@ -220,6 +245,8 @@ fn upsert(task: &mut TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcom
                 created_unix_ms: event.creation_unix_ms,
                 current: outcome.clone(),
                 reported: None,
+                task_instance_id: key.task_instance_id.clone(),
+                passed_over: false,
             },
         ),
     }
@@ -254,7 +281,56 @@ fn report_chosen<'e>(
     if !chosen.current.is_reported() || repeat {
         return;
     }
-    let kind = match &chosen.current {
+    let Some(kind) = command_kind(&chosen.current) else {
+        return;
+    };
+    // The event's own pod was just recorded from the event: borrow its facts.
+    push_sized(
+        commands,
+        if chosen.pod.uid == pod.uid {
+            command(key, pod, event, kind)
+        } else {
+            TaskCommand {
+                task: key_of(key, &chosen.task_instance_id),
+                pod: Cow::Owned(chosen.pod.clone()),
+                owner: Cow::Owned(chosen.owner.clone()),
+                resource_version: Cow::Owned(chosen.resource_version.clone()),
+                kind,
+            }
+        },
+    );
+    task.settled = chosen.current.is_terminal();
+    chosen.reported = Some(chosen.current.clone());
+}
+
+/// An outcome follows the task to its new owner: when the pod whose ending settled the try
+/// moves to another scheduler (which adopts the task after the pod ended while its owner was
+/// away), that scheduler gets the ending too, as a command of its own. Its id names this
+/// event's resourceVersion, so it is never taken for the first owner's duplicate; the sink's
+/// guard and the executor apply an ending once whoever hears it twice.
+fn forward_outcome<'e>(
+    task: &TaskState,
+    key: &'e TaskKey,
+    event: &'e PodEvent,
+    pod: &'e PodRef,
+    commands: &mut Vec<TaskCommand<'e>>,
+) {
+    if !task.settled {
+        return;
+    }
+    if let Some(kind) = task
+        .candidate(&pod.uid)
+        .and_then(|c| c.reported.as_ref())
+        .filter(|r| r.is_terminal())
+        .and_then(command_kind)
+    {
+        push_sized(commands, command(key, pod, event, kind));
+    }
+}
+
+/// The command that reports `outcome`; `None` for what is never reported (pending, ignored).
+fn command_kind(outcome: &Outcome) -> Option<Kind> {
+    Some(match outcome {
         Outcome::Fail(failure) => Kind::Fail(v1::Fail::new(
             failure.reason.clone(),
             failure.detail.clone(),
@@ -265,25 +341,8 @@ fn report_chosen<'e>(
         Outcome::Lost { reason } => Kind::Lost(v1::Lost {
             reason: reason.clone(),
         }),
-        Outcome::Pending | Outcome::Ignored(_) => return,
-    };
-    // The event's own pod was just recorded from the event: borrow its facts.
-    push_sized(
-        commands,
-        if chosen.pod.uid == pod.uid {
-            command(key, pod, event, kind)
-        } else {
-            TaskCommand {
-                task: key,
-                pod: Cow::Owned(chosen.pod.clone()),
-                owner: Cow::Owned(chosen.owner.clone()),
-                resource_version: Cow::Owned(chosen.resource_version.clone()),
-                kind,
-            }
-        },
-    );
-    task.settled = chosen.current.is_terminal();
-    chosen.reported = Some(chosen.current.clone());
+        Outcome::Pending | Outcome::Ignored(_) => return None,
+    })
 }
 
 /// Emits a duplicate record when the set of pods of the TI, or the chosen
@@ -331,6 +390,19 @@ fn push_sized<T>(items: &mut Vec<T>, item: T) {
     items.push(item);
 }
 
+/// The event's TI key with the UUID of the pod a command reports for: pods of one key share
+/// a record whatever UUID they name, and the sink checks each command's UUID against the TI.
+fn key_of<'e>(key: &'e TaskKey, task_instance_id: &str) -> Cow<'e, TaskKey> {
+    if key.task_instance_id == task_instance_id {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(TaskKey {
+            task_instance_id: task_instance_id.to_owned(),
+            ..key.clone()
+        })
+    }
+}
+
 /// A command about the event's own pod, borrowing its facts from the event.
 fn command<'e>(
     key: &'e TaskKey,
@@ -339,7 +411,7 @@ fn command<'e>(
     kind: Kind,
 ) -> TaskCommand<'e> {
     TaskCommand {
-        task: key,
+        task: Cow::Borrowed(key),
         pod: Cow::Borrowed(pod),
         owner: Cow::Borrowed(&event.owner),
         resource_version: Cow::Borrowed(&event.resource_version),

@@ -1,4 +1,4 @@
-//! The rules of semantics.md as a pure core, and the shell that feeds it.
+//! The rules of docs/semantics.md as a pure core, and the shell that feeds it.
 //!
 //! - [`rules`]: the phase and deletion table: one event → an [`Outcome`].
 //! - [`order`]: the resourceVersion order rule.

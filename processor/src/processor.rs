@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use crate::command::TaskCommand;
 use crate::decide::{EventError, identity};
-use crate::record::{Recorded, TaskRecord};
+use crate::record::{RecordKey, Recorded, TaskRecord};
 use crate::rules::{Ignored, Outcome, Rules};
 use crate::state::TaskState;
 
@@ -172,9 +172,9 @@ impl MemoryStore {
 
     /// The state of task instance `key`, if any pod maps to it.
     pub fn task(&self, key: &TaskKey) -> Option<&TaskState> {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash_one(RecordKey(key));
         self.records
-            .find(hash, |entry| entry.0 == *key)?
+            .find(hash, |entry| RecordKey(&entry.0) == RecordKey(key))?
             .1
             .task
             .as_ref()
@@ -183,6 +183,14 @@ impl MemoryStore {
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
+    }
+}
+
+/// `key` without the UUID its pod named: the key a record is stored under.
+fn record_key(key: &TaskKey) -> TaskKey {
+    TaskKey {
+        task_instance_id: String::new(),
+        ..key.clone()
     }
 }
 
@@ -202,17 +210,18 @@ impl StateStore for MemoryStore {
         change: impl FnOnce(&mut TaskRecord) -> T,
     ) -> Result<T, Infallible> {
         let hasher = &self.hasher;
-        let hash = hasher.hash_one(key);
+        let hash = hasher.hash_one(RecordKey(key));
         let entry = match self.records.entry(
             hash,
-            |entry| entry.0 == *key,
-            |entry| hasher.hash_one(&entry.0),
+            |entry| RecordKey(&entry.0) == RecordKey(key),
+            |entry| hasher.hash_one(RecordKey(&entry.0)),
         ) {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry
-                .insert(Box::new((key.clone(), TaskRecord::default())))
+                .insert(Box::new((record_key(key), TaskRecord::default())))
                 .into_mut(),
         };
+        let key = &entry.0;
         let record = &mut entry.1;
         // Only records that finish or come back touch the set: a live TI's event costs nothing.
         let was_finished = finished(record);
@@ -222,8 +231,10 @@ impl StateStore for MemoryStore {
                 self.finished.insert(key.clone());
                 while self.finished.len() > self.finished_limit {
                     if let Some(oldest) = self.finished.pop_front() {
-                        let hash = self.hasher.hash_one(&oldest);
-                        if let Ok(entry) = self.records.find_entry(hash, |entry| entry.0 == oldest)
+                        let hash = self.hasher.hash_one(RecordKey(&oldest));
+                        if let Ok(entry) = self
+                            .records
+                            .find_entry(hash, |entry| RecordKey(&entry.0) == RecordKey(&oldest))
                         {
                             entry.remove();
                         }

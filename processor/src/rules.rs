@@ -1,4 +1,4 @@
-//! The phase and deletion table of semantics.md, as a pure function of one
+//! The phase and deletion table of docs/semantics.md, as a pure function of one
 //! event: what the pod, as it is now, says about its task instance.
 
 use std::sync::Arc;
@@ -61,7 +61,7 @@ impl Rules {
         self.fatal_reasons.contains(&waiting.reason)
     }
 
-    /// What `event` says about its task instance (semantics.md, rows 1–10,
+    /// What `event` says about its task instance (docs/semantics.md, rows 1–10,
     /// checked in order).
     pub fn outcome(&self, event: &PodEvent) -> Outcome {
         if event.revoked {

@@ -100,6 +100,9 @@ pub struct ProcessConfig {
 pub const DEFAULT_CONSUMER: &str = "podstream-process";
 /// The KV bucket of task records by default.
 pub const DEFAULT_BUCKET: &str = "podstream-process";
+/// The role in the name of a prefix's processor bucket (`<prefix>-process`, see
+/// [`podstream_proto::subject::Subjects::resource_name`]).
+pub const BUCKET_ROLE: &str = "process";
 /// Pod events fetched at once per consumer, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
 /// Task instances decided at once, by default.
@@ -505,7 +508,12 @@ impl Worker {
             return Accepted::Done;
         }
         let reason = match PodEvent::decode(message.payload.as_ref()) {
-            Ok(event) => match identity(&event) {
+            // The ingest refuses keys out of bounds; a message from elsewhere must not make a
+            // KV key the server refuses (retried without end, it would stall the stage).
+            Ok(event) => match identity(&event).and_then(|(pod, task)| {
+                task.check_bounds()?;
+                Ok((pod, task))
+            }) {
                 Ok((_, task)) => {
                     let key = TaskRecord::key(task);
                     return Accepted::Decide(Box::new(Delivery {

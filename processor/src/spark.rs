@@ -293,7 +293,7 @@ impl JobRecord {
             return;
         }
         let command = TaskCommand {
-            task: &chosen.task,
+            task: Cow::Borrowed(&chosen.task),
             pod: Cow::Borrowed(&chosen.pod),
             owner: Cow::Borrowed(""),
             resource_version: Cow::Borrowed(resource_version),

@@ -32,6 +32,8 @@ use crate::spark::{ApplicationRecord, JobKey, JobRecord, application_kv_key, app
 
 /// The KV bucket of Spark records by default.
 pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";
+/// The role in the name of a prefix's Spark bucket (`<prefix>-spark`).
+pub const SPARK_ROLE: &str = "spark";
 
 /// The priority group the Spark consumer is pulled in, as the pod consumers are.
 const PRIORITY_GROUP: &str = "podstream";

@@ -80,6 +80,15 @@ pub struct Candidate {
     pub current: Outcome,
     /// The last outcome reported for it as a command, while it was chosen.
     pub reported: Option<Outcome>,
+    /// The TI UUID its `task_instance_id` annotation names; empty when it names none. Pods of
+    /// one key compete whatever their UUID; the sink checks it against the TI row.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task_instance_id: String,
+    /// It ended (fail, completed, lost) while another pod drove the TI, so its ending was
+    /// judged not to be the TI's: it never drives the try afterwards, even once the pod that
+    /// drove it has ended too (a losing pod's failure never fails the task).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passed_over: bool,
 }
 
 impl Candidate {

@@ -1,4 +1,4 @@
-//! semantics.md beyond one event: order and repeats, ownership, several pods
+//! docs/semantics.md beyond one event: order and repeats, ownership, several pods
 //! for one task instance. Each case is a story of events and the commands it
 //! must produce, in order.
 
@@ -10,6 +10,10 @@ mod support;
 use podstream_proto::v1::EventType::{Added, Deleted, Modified};
 use podstream_proto::v1::Phase::{Failed, Pending, Running, Succeeded};
 use support::{EventExt, ev, run, ti};
+
+/// A UUID no TI has: what a copy of a TI's annotations may claim.
+const FORGED: &str = "0196b3a0-0000-7000-8000-00000000f04d";
+const REAL: &str = "0196b3a0-0000-7000-8000-000000000001";
 
 #[test]
 fn stories() {
@@ -97,6 +101,38 @@ fn stories() {
         ("a pod new to a completed try is a duplicate whose failure fails nothing",
             vec![ev(Modified, Succeeded, "a", 1), ev(Added, Failed, "b", 2)],
             vec!["completed a 1", "duplicate b 1 chosen=a others=b"]),
+        ("trust: a copy that fails while the real pod runs fails nothing; the real pod's failure does",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Running, "f", 2).created(2_000),
+                 ev(Modified, Failed, "f", 3).created(2_000), ev(Modified, Failed, "a", 4).created(1_000)],
+            vec!["running a 1", "running f 1", "duplicate f 1 chosen=f others=a",
+                 "duplicate f 1 chosen=a others=f", "fail a 1 pod_failed"]),
+        ("trust: a copy claiming a UUID shares the record and competes the same way",
+            vec![ev(Added, Running, "a", 1).created(1_000),
+                 ev(Added, Running, "f", 2).created(2_000).ti_id(FORGED),
+                 ev(Modified, Failed, "f", 3).created(2_000).ti_id(FORGED),
+                 ev(Modified, Failed, "a", 4).created(1_000)],
+            vec!["running a 1", "running f 1", "duplicate f 1 chosen=f others=a",
+                 "duplicate f 1 chosen=a others=f", "fail a 1 pod_failed"]),
+        ("trust: a copy that succeeds early is passed over too",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "f", 2).created(2_000),
+                 ev(Modified, Succeeded, "f", 3).created(2_000), ev(Modified, Failed, "a", 4).created(1_000)],
+            vec!["running a 1", "duplicate f 1 chosen=a others=f", "fail a 1 pod_failed"]),
+        ("an outcome follows the task: a pod that failed while its scheduler was away, then adopted",
+            vec![ev(Modified, Running, "a", 1), ev(Modified, Failed, "a", 2),
+                 ev(Modified, Failed, "a", 3).owner("2")],
+            vec!["running a 1", "fail a 1 pod_failed", "transfer a 2 1->2", "fail a 2 pod_failed"]),
+        ("an outcome follows the task: a completed pod adopted",
+            vec![ev(Modified, Succeeded, "a", 1), ev(Modified, Succeeded, "a", 2).owner("2")],
+            vec!["completed a 1", "transfer a 2 1->2", "completed a 2"]),
+        ("an outcome follows the task each time it moves, and a repeat of the move emits nothing",
+            vec![ev(Modified, Failed, "a", 1), ev(Modified, Failed, "a", 2).owner("2"),
+                 ev(Modified, Failed, "a", 2).owner("2"), ev(Modified, Failed, "a", 3).owner("3")],
+            vec!["fail a 1 pod_failed", "transfer a 2 1->2", "fail a 2 pod_failed",
+                 "transfer a 3 2->3", "fail a 3 pod_failed"]),
+        ("a loser's ending does not follow a relabel: it was never the task's",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Running, "b", 2).created(500),
+                 ev(Modified, Failed, "b", 3).created(500), ev(Modified, Failed, "b", 4).created(500).owner("2")],
+            vec!["running a 1", "duplicate b 1 chosen=a others=b"]),
         ("pods of different tries are different task instances",
             vec![ev(Modified, Failed, "a", 1), ev(Added, Running, "b", 2).with(|e| e.task = Some(ti(2)))],
             vec!["fail a 1 pod_failed", "running b 1"]),
@@ -115,6 +151,49 @@ fn stories() {
         "stories that disagree with semantics.md:\n{}",
         wrong.join("\n")
     );
+}
+
+/// A command carries the UUID of the pod it reports for, which the sink checks against the TI:
+/// when the choice moves to another pod, its command names that pod's UUID, not the UUID of
+/// the pod whose event moved it.
+#[test]
+fn a_command_names_the_uuid_of_the_pod_it_reports_for() {
+    use podstream_processor::{MemoryStore, Processor, Rules};
+    let mut processor = Processor::new(Rules::default(), MemoryStore::default());
+    let events = [
+        ev(Added, Running, "a", 1).created(1_000).ti_id(REAL),
+        ev(Added, Running, "b", 2).created(500).ti_id(FORGED),
+        ev(Modified, Running, "a", 3)
+            .created(1_000)
+            .ti_id(REAL)
+            .deleting(),
+    ];
+    let mut reported = Vec::new();
+    for event in &events {
+        for command in processor.handle(event).unwrap() {
+            let command = command.into_command();
+            let kind = command.kind.as_ref().map_or("none", |k| k.name());
+            let pod = command
+                .pod
+                .as_ref()
+                .map_or("", |p| p.name.as_str())
+                .to_owned();
+            let uuid = command.task.map(|t| t.task_instance_id).unwrap_or_default();
+            reported.push((kind, pod, uuid));
+        }
+    }
+    let running = |pod: &str, uuid: &str| ("running", pod.to_owned(), uuid.to_owned());
+    let duplicate = |pod: &str, uuid: &str| ("duplicate", pod.to_owned(), uuid.to_owned());
+    assert_eq!(
+        reported,
+        [
+            running("a", REAL),
+            duplicate("b", FORGED),
+            running("b", FORGED),
+            duplicate("a", REAL),
+        ]
+    );
+    assert_eq!(processor.store().records(), 1, "one record for both pods");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! semantics.md "Phase and deletion → task outcome", one case per row and
+//! docs/semantics.md "Phase and deletion → task outcome", one case per row and
 //! per edge the issue names. Each case is one event on a fresh pod.
 
 // Test code: a panic is the failure report.
@@ -11,7 +11,7 @@ use podstream_proto::v1::EventType::{Added, Deleted, Modified};
 use podstream_proto::v1::Phase::{Failed, Pending, Running, Succeeded, Unknown, Unspecified};
 use support::{EventExt, ev};
 
-/// The outcome as a short word, so the table reads like semantics.md.
+/// The outcome as a short word, so the table reads like docs/semantics.md.
 fn word(outcome: &Outcome) -> String {
     match outcome {
         Outcome::Fail(f) => format!("fail:{}", f.reason),

@@ -5,7 +5,7 @@
 //! - [`subject`]: subject names on JetStream and the token encoding that makes
 //!   any Kubernetes label value exactly one subject token.
 //! - [`line`]: the JSON line form of a command, `podstream decide`'s output
-//!   (contract.md §1).
+//!   (docs/contract.md §1).
 //! - [`task`]: conveniences on the TI key and pod reference.
 //! - [`revision`]: the order of resourceVersions.
 

@@ -1,5 +1,5 @@
 //! The JSON line form of a command: what `podstream decide` writes and
-//! `podstream apply` reads (contract.md §1). Field names and values are fixed;
+//! `podstream apply` reads (docs/contract.md §1). Field names and values are fixed;
 //! extra fields are allowed.
 
 use serde::{Deserialize, Serialize};
@@ -182,7 +182,7 @@ impl From<&Command> for CommandLine {
     }
 }
 
-/// A duplicate's basis as its line's `reason`; none for worker pods (semantics.md's order).
+/// A duplicate's basis as its line's `reason`; none for worker pods (docs/semantics.md's order).
 fn basis_name(basis: v1::DuplicateBasis) -> Option<&'static str> {
     match basis {
         v1::DuplicateBasis::PodOrder => None,

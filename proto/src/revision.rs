@@ -1,5 +1,5 @@
 //! The order of resourceVersions: per object, only an event newer than the last one taken
-//! changes anything (semantics.md, "Order, repeats and replays"). One rule for every stage
+//! changes anything (docs/semantics.md, "Order, repeats and replays"). One rule for every stage
 //! that keeps per-object state: the ingest, the processor, `decide`.
 
 use std::cmp::Ordering;

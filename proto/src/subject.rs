@@ -1,4 +1,4 @@
-//! Subject names on the bus (contract.md §2) and the encoding of Kubernetes
+//! Subject names on the bus (docs/contract.md §2) and the encoding of Kubernetes
 //! values into subject tokens.
 //!
 //! A NATS subject token may not be empty and may not contain `.`, `*`, `>` or
@@ -69,6 +69,15 @@ pub fn encode_token(value: &str) -> String {
 /// empty string is `=`.
 pub fn encode_key_token(value: &str) -> String {
     escaped(value, '=')
+}
+
+/// The length of `value` as one escaped token ([`encode_token`], [`encode_key_token`]).
+pub fn escaped_len(value: &str) -> usize {
+    value
+        .bytes()
+        .map(|byte| if is_plain(byte) { 1 } else { 3 })
+        .sum::<usize>()
+        .max(1)
 }
 
 /// `value` with every byte outside the plain alphabet as `escape` and two upper-case hex
@@ -267,6 +276,19 @@ impl Subjects {
         &self.prefix
     }
 
+    /// `<prefix>-<role>`, dots as dashes: the name of this prefix's KV bucket or Lease for
+    /// `role` (`ingest`, `process`, `spark`), so a deployment with a prefix of its own keeps
+    /// its state apart as it keeps its subjects (`podstream-process` under the default).
+    ///
+    /// ```
+    /// use podstream_proto::subject::Subjects;
+    /// assert_eq!(Subjects::default().resource_name("process"), "podstream-process");
+    /// assert_eq!(Subjects::new("team.b").unwrap().resource_name("ingest"), "team-b-ingest");
+    /// ```
+    pub fn resource_name(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix.replace('.', "-"))
+    }
+
     /// `<prefix>.pods.<owner>.<uid>`: one pod's events while `owner` owns it.
     pub fn pod_events(&self, owner: &str, uid: &str) -> String {
         self.of_pod(Stream::PodEvents, &encode_token(owner), uid)
@@ -399,6 +421,14 @@ mod tests {
             && token
                 .bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
+    }
+
+    proptest! {
+        #[test]
+        fn escaped_len_is_the_length_of_either_encoding(value in ".{0,40}") {
+            prop_assert_eq!(escaped_len(&value), encode_key_token(&value).len());
+            prop_assert_eq!(escaped_len(&value), encode_token(&value).len());
+        }
     }
 
     #[test]

@@ -3,16 +3,87 @@
 
 use std::fmt;
 
+use thiserror::Error;
+
 use crate::v1::{ContainerTerminated, Fail, PodRef, TaskKey, command};
 
 /// The prefix of a fail's reason when a container waits for good: `fatal_pending:<Reason>`.
 pub const FATAL_PENDING: &str = "fatal_pending:";
+
+/// Airflow's own limit on `dag_id`, `task_id` and `run_id` (`ID_LEN`), in characters: a
+/// longer one names no task instance.
+pub const MAX_ID_CHARS: usize = 250;
+
+/// The most bytes the escaped names of a TI key (`dag_id`, `task_id`, the run) may take
+/// together in a KV key: well under nats-server's 4,096-byte control line, which a longer
+/// key breaks (the server closes the connection that every other TI's work shares).
+pub const MAX_KEY_TOKEN_BYTES: usize = 1536;
+
+/// Why a TI key is outside the bounds podstream accepts (semantics: bounded input).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Unbounded {
+    /// A name is longer than Airflow allows.
+    #[error("`{field}` is {chars} characters, over Airflow's limit of {MAX_ID_CHARS}")]
+    TooLong {
+        /// Which name.
+        field: &'static str,
+        /// Its length in characters.
+        chars: usize,
+    },
+    /// A name holds a control character (a terminal escape, a newline).
+    #[error("`{field}` holds a control character")]
+    ControlCharacter {
+        /// Which name.
+        field: &'static str,
+    },
+    /// The names, escaped for a KV key, are too long together.
+    #[error("the task instance key takes {bytes} bytes escaped, over {MAX_KEY_TOKEN_BYTES}")]
+    KeyTooLong {
+        /// Their escaped length.
+        bytes: usize,
+    },
+}
 
 impl TaskKey {
     /// Whether the key names its DAG run; pods older than run ids carry only
     /// a logical date, which the sink resolves.
     pub fn is_complete(&self) -> bool {
         !self.run_id.is_empty()
+    }
+
+    /// Checks the key's names against Airflow's limits and the bus's: each at most
+    /// [`MAX_ID_CHARS`] characters and free of control characters, and all of them, escaped
+    /// for a KV key, at most [`MAX_KEY_TOKEN_BYTES`].
+    ///
+    /// ```
+    /// use podstream_proto::TaskKey;
+    /// let mut key = TaskKey { dag_id: "etl".into(), task_id: "load".into(), run_id: "r1".into(), ..TaskKey::default() };
+    /// assert!(key.check_bounds().is_ok());
+    /// key.dag_id = "x".repeat(251);
+    /// assert!(key.check_bounds().is_err());
+    /// ```
+    pub fn check_bounds(&self) -> Result<(), Unbounded> {
+        let names = [
+            ("dag_id", &self.dag_id),
+            ("task_id", &self.task_id),
+            ("run_id", &self.run_id),
+            ("logical_date", &self.logical_date),
+        ];
+        let mut escaped = 0;
+        for (field, value) in names {
+            let chars = value.chars().count();
+            if chars > MAX_ID_CHARS {
+                return Err(Unbounded::TooLong { field, chars });
+            }
+            if value.chars().any(char::is_control) {
+                return Err(Unbounded::ControlCharacter { field });
+            }
+            escaped += crate::subject::escaped_len(value);
+        }
+        if escaped > MAX_KEY_TOKEN_BYTES {
+            return Err(Unbounded::KeyTooLong { bytes: escaped });
+        }
+        Ok(())
     }
 }
 
@@ -67,7 +138,7 @@ impl fmt::Display for PodRef {
 }
 
 impl command::Kind {
-    /// The kind's name as `podstream decide` writes it (contract.md §1).
+    /// The kind's name as `podstream decide` writes it (docs/contract.md §1).
     pub fn name(&self) -> &'static str {
         match self {
             command::Kind::Fail(_) => "fail",

@@ -516,6 +516,18 @@ fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     if content_type.starts_with(protobuf::CONTENT_TYPE) {
         return protobuf::decode(body);
     }
+    // Only a JSON media type: a web page may POST `text/plain` (or form data) to loopback
+    // without asking, and must not create a pod whose command the kubelet would run.
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    if media != "application/json" {
+        return Err(ApiError::new(
+            Reason::UnsupportedMediaType,
+            format!(
+                "the body of the request was in an unknown format ({media:?}) - accepted media types include: application/json, {}",
+                protobuf::CONTENT_TYPE
+            ),
+        ));
+    }
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))?;
     if !value.is_object() {

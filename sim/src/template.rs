@@ -21,6 +21,8 @@ pub struct WorkerPod {
     pub try_number: u32,
     /// `map_index` annotation, for mapped tasks.
     pub map_index: Option<i64>,
+    /// `task_instance_id` annotation: the TI's UUID, as Airflow 3's executor writes it.
+    pub task_instance_id: Option<String>,
 }
 
 impl WorkerPod {
@@ -35,6 +37,15 @@ impl WorkerPod {
             run_id: run_id.to_owned(),
             try_number: 1,
             map_index: None,
+            task_instance_id: None,
+        }
+    }
+
+    /// This pod naming the TI's UUID (`None` for an Airflow 2 TI, which has none).
+    pub fn with_task_instance_id(self, id: Option<&str>) -> WorkerPod {
+        WorkerPod {
+            task_instance_id: id.map(str::to_owned),
+            ..self
         }
     }
 
@@ -55,6 +66,9 @@ impl WorkerPod {
             "try_number": self.try_number.to_string(),
             "kubernetes_executor": "True",
         });
+        if let Some(id) = &self.task_instance_id {
+            annotations["task_instance_id"] = json!(id);
+        }
         if let Some(index) = self.map_index {
             annotations["map_index"] = json!(index.to_string());
             labels["map_index"] = json!(index.to_string());

@@ -293,6 +293,19 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
         status("PATCH", pod_uri, "application/yaml", "{}").await,
         415
     );
+    // 415: a create or replace in a media type that is not JSON, as a web page's POST to
+    // loopback would send (text/plain and form data need no preflight).
+    let pod = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"from-a-page"},"spec":{"containers":[{"name":"base","image":"busybox:1.36"}]}}"#;
+    for media in [
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        assert_eq!(status("POST", pods_uri, media, pod).await, 415, "{media}");
+        assert_eq!(status("PUT", pod_uri, media, pod).await, 415, "{media}");
+    }
+    assert!(pods.get_opt("from-a-page").await.unwrap().is_none());
     let services_uri = "/api/v1/namespaces/airflow/services";
     assert_eq!(status("GET", services_uri, json, "").await, 404);
     assert_eq!(

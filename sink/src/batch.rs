@@ -309,6 +309,8 @@ impl Database {
                     max_tries: row.try_get::<Option<i64>, _>(6)?.unwrap_or(-1),
                     id: row.try_get::<Option<String>, _>(7)?.map(ti_id_from_db),
                     last_transfer: None,
+                    hostname: row.try_get::<Option<String>, _>(8)?,
+                    recorded_pod: row.try_get::<Option<String>, _>(9)?,
                 },
             );
         }

@@ -13,9 +13,9 @@ use crate::dialect::Backend;
 /// Why the database cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    /// The URL is not `postgres://...` or `sqlite://...`.
+    /// The URL is not `postgres://...` or `sqlite://...` (or SQLAlchemy's `+driver` forms).
     #[error(
-        "unsupported database URL scheme in {0} (use postgres://user@host:port/db or sqlite:///abs/path.db)"
+        "unsupported database URL scheme in {0} (use postgres://user@host:port/db or sqlite:///abs/path.db; SQLAlchemy's postgresql+psycopg2:// and the like are read as postgresql://)"
     )]
     Scheme(String),
     /// The URL does not parse.
@@ -77,7 +77,7 @@ async fn table_columns(
 /// The URL with any password replaced, for logs and errors; never fails.
 pub fn redacted(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut parsed) if matches!(parsed.scheme(), "postgres" | "postgresql" | "sqlite") => {
+        Ok(mut parsed) if Backend::of_scheme(parsed.scheme()).is_some() => {
             if parsed.password().is_some() {
                 let _ = parsed.set_password(Some("***"));
             }
@@ -131,11 +131,19 @@ impl DbTarget {
     pub fn connect_options(&self) -> Result<(Backend, AnyConnectOptions), DbError> {
         let mut url =
             url::Url::parse(&self.url).map_err(|e| DbError::Url(self.redacted(), e.to_string()))?;
-        let backend = match url.scheme() {
-            "postgres" | "postgresql" => Backend::Postgres,
-            "sqlite" => Backend::Sqlite,
-            _ => return Err(DbError::Scheme(self.redacted())),
-        };
+        let backend =
+            Backend::of_scheme(url.scheme()).ok_or_else(|| DbError::Scheme(self.redacted()))?;
+        if url.scheme().contains('+') {
+            // SQLAlchemy's `dialect+driver` (Airflow's sql_alchemy_conn as it is): the driver
+            // is Python's business; the dialect is the scheme sqlx knows.
+            let scheme = match backend {
+                Backend::Postgres => "postgresql",
+                Backend::Sqlite => "sqlite",
+            };
+            url.set_scheme(scheme).map_err(|()| {
+                DbError::Url(self.redacted(), format!("cannot read it as {scheme}"))
+            })?;
+        }
         if let Some(password) = self.password.as_deref().filter(|p| !p.is_empty())
             && url.password().is_none()
         {
@@ -463,6 +471,25 @@ mod tests {
                 Backend::Sqlite,
                 "sqlite:///srv/airflow.db?mode=ro",
             ),
+            // Airflow's sql_alchemy_conn, pasted as it is.
+            (
+                with("postgresql+psycopg2://airflow@db:5432/airflow", Some("pw")),
+                Backend::Postgres,
+                "postgresql://airflow:pw@db:5432/airflow",
+            ),
+            (
+                with(
+                    "postgresql+asyncpg://airflow:pw@db/airflow?sslmode=require",
+                    None,
+                ),
+                Backend::Postgres,
+                "postgresql://airflow:pw@db/airflow?sslmode=require",
+            ),
+            (
+                with("sqlite+pysqlite:////srv/airflow.db", None),
+                Backend::Sqlite,
+                "sqlite:////srv/airflow.db?mode=rw",
+            ),
         ] {
             let (got, options) = target.connect_options().unwrap();
             assert_eq!(got, backend, "{target:?}");
@@ -472,6 +499,7 @@ mod tests {
             (with("mysql://root@db/airflow", None), true),
             (with("user:s3cret@host://db", Some("x")), true),
             (with("not a url", None), false),
+            (with("mysql+mysqldb://root:s3cret@db/airflow", None), true),
         ] {
             let error = target.connect_options().unwrap_err();
             assert_eq!(matches!(error, DbError::Scheme(_)), scheme_error, "{error}");

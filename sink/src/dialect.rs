@@ -10,6 +10,21 @@ pub enum Backend {
     Sqlite,
 }
 
+impl Backend {
+    /// The backend a URL scheme names: `postgres`, `postgresql` or `sqlite`, alone or with
+    /// SQLAlchemy's `+driver` (`postgresql+psycopg2`, `sqlite+pysqlite`).
+    pub fn of_scheme(scheme: &str) -> Option<Backend> {
+        match scheme
+            .split_once('+')
+            .map_or(scheme, |(dialect, _)| dialect)
+        {
+            "postgres" | "postgresql" => Some(Backend::Postgres),
+            "sqlite" => Some(Backend::Sqlite),
+            _ => None,
+        }
+    }
+}
+
 /// Per-backend SQL: `$n` placeholders become `?n` on SQLite; `{now}` is `now()` on
 /// PostgreSQL and, on SQLite, parameter `now_at`, which the caller binds last.
 pub(crate) fn sql(backend: Backend, text: &str, now_at: usize) -> String {

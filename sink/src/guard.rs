@@ -47,6 +47,10 @@ pub struct Policy {
     pub launch_failure_excluded_reasons: BTreeSet<String>,
     /// Who fails task instances.
     pub task_failures: TaskFailures,
+    /// On Airflow 3, a pod that names no `task_instance_id` is foreign to every TI. Only for
+    /// an Airflow whose executor writes that annotation: the supported releases' executors
+    /// (3.0 to 3.3, cncf.kubernetes 10.25) key task instances by name and write none.
+    pub require_task_instance_id: bool,
 }
 
 impl Policy {
@@ -61,6 +65,15 @@ impl Policy {
                 .map(str::to_owned)
                 .collect(),
             task_failures: TaskFailures::default(),
+            require_task_instance_id: false,
+        }
+    }
+
+    /// This policy, requiring (or not) that an Airflow 3 TI's pods name its UUID.
+    pub fn requiring_task_instance_id(self, required: bool) -> Policy {
+        Policy {
+            require_task_instance_id: required,
+            ..self
         }
     }
 
@@ -92,6 +105,65 @@ pub struct TiRow {
     pub id: Option<String>,
     /// The commands-stream sequence of the last transfer podstream applied to the TI.
     pub last_transfer: Option<u64>,
+    /// `hostname`: where the task process runs; a KubernetesExecutor task's is its pod's name.
+    pub hostname: Option<String>,
+    /// The name of the pod podstream recorded for this try (`podstream_ti_pod`).
+    pub recorded_pod: Option<String>,
+}
+
+impl TiRow {
+    /// A row in `state` at `try_number` of `max_tries`, with no id, hostname or podstream
+    /// history.
+    pub fn new(state: Option<&str>, try_number: i64, max_tries: i64) -> TiRow {
+        TiRow {
+            state: state.map(str::to_owned),
+            try_number,
+            max_tries,
+            id: None,
+            last_transfer: None,
+            hostname: None,
+            recorded_pod: None,
+        }
+    }
+
+    /// The pod the running task lives in, when podstream knows it: the TI is `running` and its
+    /// `hostname` names the pod podstream recorded for the try.
+    fn bound_pod(&self) -> Option<&str> {
+        let hostname = self.hostname.as_deref().filter(|h| !h.is_empty())?;
+        (self.state.as_deref() == Some("running") && self.recorded_pod.as_deref() == Some(hostname))
+            .then_some(hostname)
+    }
+}
+
+/// Whether the pod of `command` is foreign to the TI `row` (semantics: a pod acts only on its
+/// own task instance): an Airflow 3 row belongs to no pod that names another UUID (nor, when
+/// `require_task_instance_id`, to one that names none), an Airflow 2 row to no pod that names
+/// one, and a running TI whose hostname names the pod podstream recorded for it to that pod
+/// alone.
+///
+/// ```
+/// use podstream_proto::{Command, TaskKey};
+/// use podstream_sink::guard::{TiRow, is_foreign};
+/// let claiming = |id: &str| Command {
+///     task: Some(TaskKey { task_instance_id: id.into(), ..TaskKey::default() }),
+///     ..Command::default()
+/// };
+/// let airflow_2 = TiRow::new(Some("running"), 1, 1);
+/// assert!(is_foreign(&claiming("0196b3a0-0000-7000-8000-000000000001"), &airflow_2, false));
+/// assert!(!is_foreign(&claiming(""), &airflow_2, false));
+/// ```
+pub fn is_foreign(command: &Command, row: &TiRow, require_task_instance_id: bool) -> bool {
+    let claimed = command
+        .task
+        .as_ref()
+        .map_or("", |task| task.task_instance_id.as_str());
+    let uuid_mismatch = match &row.id {
+        Some(_) if claimed.is_empty() => require_task_instance_id,
+        Some(id) => claimed != id,
+        None => !claimed.is_empty(),
+    };
+    let pod_name = command.pod.as_ref().map_or("", |pod| pod.name.as_str());
+    uuid_mismatch || row.bound_pod().is_some_and(|bound| bound != pod_name)
 }
 
 /// Why a command leaves the TI alone.
@@ -105,8 +177,9 @@ pub enum Skip {
     NewerTry,
     /// The TI is at an earlier try than the command (the try has not started in Airflow).
     OlderTry,
-    /// The pod names a TI UUID that is not this TI's: it belongs to another attempt.
-    OtherInstance,
+    /// The pod is not this TI's (another UUID, a UUID where the TI has none, none where it has
+    /// one, or not the pod the running task lives in): it changes nothing.
+    ForeignPod,
     /// The TI is in a state podstream does not adopt from (scheduled, up_for_retry, ...).
     NotAdoptable(String),
     /// This command was applied before.
@@ -124,7 +197,7 @@ impl Skip {
             Skip::Terminal(_) => "terminal",
             Skip::NewerTry => "newer_try",
             Skip::OlderTry => "older_try",
-            Skip::OtherInstance => "other_instance",
+            Skip::ForeignPod => "foreign_pod",
             Skip::NotAdoptable(_) => "not_adoptable",
             Skip::AlreadyApplied => "already_applied",
             Skip::OlderTransfer => "older_transfer",
@@ -221,11 +294,8 @@ pub fn verdict(
     if row.try_number < task.try_number {
         return Verdict::Skip(Skip::OlderTry);
     }
-    if let Some(id) = &row.id
-        && !task.task_instance_id.is_empty()
-        && *id != task.task_instance_id
-    {
-        return Verdict::Skip(Skip::OtherInstance);
+    if is_foreign(command, row, policy.require_task_instance_id) {
+        return Verdict::Skip(Skip::ForeignPod);
     }
     let state = row.state.clone().unwrap_or_else(|| "none".to_owned());
     if TERMINAL.contains(&state.as_str()) {

@@ -24,7 +24,7 @@ use podstream_proto::subject::{Stage, Stream, Subjects};
 use prost::Message as _;
 
 use crate::db::Database;
-use crate::guard::TaskFailures;
+use crate::guard::{Skip, TaskFailures};
 use crate::item::{Item, Outcome};
 use crate::lanes::{Applied, LaneConfig, Lanes};
 use crate::summary::Summary;
@@ -358,6 +358,10 @@ fn log_outcome(command: &Command, outcome: &Outcome) {
     match outcome {
         Outcome::Applied(what) => {
             tracing::info!(ti = %task, pod, owner = %command.owner, command = %command.id, what = what.name(), "applied")
+        }
+        // A pod that is not its TI's is someone's copy of the TI's annotations: worth a look.
+        Outcome::Skipped(skip @ Skip::ForeignPod) => {
+            tracing::warn!(ti = %task, pod, owner = %command.owner, command = %command.id, reason = skip.name(), "skipped: the pod is not this task instance's")
         }
         Outcome::Skipped(skip) => {
             tracing::debug!(ti = %task, pod, owner = %command.owner, command = %command.id, reason = skip.name(), "skipped")

@@ -77,10 +77,12 @@ impl SetStatements {
             Backend::Postgres => "task_instance.state",
             Backend::Sqlite => "+task_instance.state",
         };
-        // Airflow 3: a command whose pod names the TI's UUID moves only the TI with that id
-        // (PostgreSQL stores a native uuid; SQLAlchemy writes 32 hex digits into SQLite).
+        // A pod acts only on its own TI, checked again where the row is written (the guard
+        // checks it first): on Airflow 3 a pod that names a UUID moves only the TI with that
+        // id (PostgreSQL stores a native uuid; SQLAlchemy writes 32 hex digits into SQLite),
+        // on Airflow 2 only a pod that names none moves anything.
         let same_instance = match (airflow, backend) {
-            (AirflowSchema::V2, _) => "",
+            (AirflowSchema::V2, _) => "AND v.ti_id IS NULL",
             (AirflowSchema::V3, Backend::Postgres) => {
                 "AND (v.ti_id IS NULL OR task_instance.id = CAST(v.ti_id AS uuid))"
             }
@@ -125,9 +127,13 @@ impl SetStatements {
             // committed (the applied ids, the last transfers). SQLite has a single writer.
             ti_rows: format!(
                 "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
-                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT), {ti_id}
+                        CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT), {ti_id},
+                        t.hostname, p.pod_name
                  FROM {} JOIN task_instance t ON t.dag_id = v.dag_id AND t.task_id = v.task_id
-                   AND t.run_id = v.run_id AND t.map_index = v.map_index{}",
+                   AND t.run_id = v.run_id AND t.map_index = v.map_index
+                 LEFT JOIN podstream_ti_pod p ON p.dag_id = t.dag_id AND p.task_id = t.task_id
+                   AND p.run_id = t.run_id AND p.map_index = t.map_index
+                   AND p.try_number = t.try_number{}",
                 rows(&KEY),
                 match backend {
                     Backend::Postgres => {

@@ -1,10 +1,10 @@
-//! The guard as a table: semantics.md "Applying outcomes to the metadata store".
+//! The guard as a table: docs/semantics.md "Applying outcomes to the metadata store".
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{
-    Completed, ContainerTerminated, Duplicate, Fail, Lost, Running, Transfer,
+    Completed, ContainerTerminated, Duplicate, Fail, Lost, PodRef, Running, Transfer,
 };
 use podstream_proto::{Command, TaskKey};
 use podstream_sink::guard::{
@@ -37,12 +37,32 @@ fn command(try_number: i64, kind: Kind) -> Command {
 }
 
 fn ti(state: Option<&str>, try_number: i64, max_tries: i64) -> Option<TiRow> {
+    Some(TiRow::new(state, try_number, max_tries))
+}
+
+/// A running row whose hostname is `hostname`, and whose try podstream recorded pod `recorded`.
+fn ti_on_host(hostname: &str, recorded: Option<&str>) -> Option<TiRow> {
     Some(TiRow {
-        state: state.map(str::to_owned),
-        try_number,
-        max_tries,
-        id: None,
-        last_transfer: None,
+        hostname: Some(hostname.to_owned()),
+        recorded_pod: recorded.map(str::to_owned),
+        ..ti(Some("running"), 1, 1)?
+    })
+}
+
+/// `command` reported for pod `name`.
+fn from_pod(mut command: Command, name: &str) -> Command {
+    command.pod = Some(PodRef {
+        namespace: "airflow".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    });
+    command
+}
+
+fn transfer(from: &str, to: &str) -> Kind {
+    Kind::Transfer(Transfer {
+        from: from.into(),
+        to: to.into(),
     })
 }
 
@@ -145,15 +165,63 @@ fn the_guard_table() {
             Apply(UP_FOR_RETRY),
         ),
         (
-            "fail naming another UUID: another attempt's pod",
+            "fail naming another UUID: another attempt's pod, or a forged one",
             with_id(command(1, fail()), OTHER_ID),
             ti_with_id("running", ID),
-            S(Skip::OtherInstance),
+            S(Skip::ForeignPod),
         ),
         (
-            "fail without a UUID on an Airflow 3 row: the names decide",
+            "fail without a UUID on an Airflow 3 row: its executor keys by names, so they decide",
             command(1, fail()),
             ti_with_id("running", ID),
+            Apply(UP_FOR_RETRY),
+        ),
+        (
+            "fail naming a UUID on an Airflow 2 row: no pod of this TI names one",
+            with_id(command(1, fail()), ID),
+            ti(Some("running"), 1, 1),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "transfer naming another UUID",
+            with_id(command(1, transfer("1", "7")), OTHER_ID),
+            ti_with_id("running", ID),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "running on another UUID records nothing either",
+            with_id(command(1, Kind::Running(Running {})), OTHER_ID),
+            ti_with_id("running", ID),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "fail of the pod the running task lives in",
+            from_pod(command(1, fail()), "load-1"),
+            ti_on_host("load-1", Some("load-1")),
+            Apply(UP_FOR_RETRY),
+        ),
+        (
+            "fail of another pod while the task runs in the recorded one",
+            from_pod(command(1, fail()), "load-forged"),
+            ti_on_host("load-1", Some("load-1")),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "transfer of another pod while the task runs in the recorded one",
+            from_pod(command(1, transfer("1", "7")), "load-forged"),
+            ti_on_host("load-1", Some("load-1")),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "a hostname that names no pod podstream recorded binds nothing",
+            from_pod(command(1, fail()), "load-2"),
+            ti_on_host("worker-7.example", Some("load-1")),
+            Apply(UP_FOR_RETRY),
+        ),
+        (
+            "a hostname with nothing recorded binds nothing",
+            from_pod(command(1, fail()), "load-2"),
+            ti_on_host("load-1", None),
             Apply(UP_FOR_RETRY),
         ),
         (
@@ -207,14 +275,15 @@ fn the_guard_table() {
         ),
         (
             "transfer",
-            command(
-                1,
-                Kind::Transfer(Transfer {
-                    from: "1".into(),
-                    to: "7".into(),
-                }),
-            ),
+            command(1, transfer("1", "7")),
             ti(Some("queued"), 1, 0),
+            Apply(Effect::Transfer { job_id: 7 }),
+        ),
+        (
+            "transfer from an owner the TI does not hold: a later link of a chain another sink \
+             has not applied yet (the stream-order rule keeps the newest)",
+            command(1, transfer("5", "7")),
+            ti(Some("running"), 1, 0),
             Apply(Effect::Transfer { job_id: 7 }),
         ),
         (
@@ -328,6 +397,40 @@ fn with_executors_failing_tasks_the_sink_leaves_fails_to_them() {
     for (name, command, row, expected) in table {
         assert_eq!(
             verdict(&command, None, row.as_ref(), &executor),
+            expected,
+            "{name}"
+        );
+    }
+}
+
+/// Where the executor names each TI's UUID on its pods (`--require-task-instance-id`), an
+/// Airflow 3 TI belongs only to pods that name its UUID: a copy of the names alone is foreign.
+#[test]
+fn requiring_the_uuid_makes_a_pod_without_one_foreign() {
+    let strict = Policy::default().requiring_task_instance_id(true);
+    let table = [
+        (
+            "no UUID on an Airflow 3 row",
+            command(1, fail()),
+            ti_with_id("running", ID),
+            Verdict::Skip(Skip::ForeignPod),
+        ),
+        (
+            "the TI's UUID",
+            with_id(command(1, fail()), ID),
+            ti_with_id("running", ID),
+            Verdict::Apply(UP_FOR_RETRY),
+        ),
+        (
+            "an Airflow 2 row, which has no UUID to require",
+            command(1, fail()),
+            ti(Some("running"), 1, 1),
+            Verdict::Apply(UP_FOR_RETRY),
+        ),
+    ];
+    for (name, command, row, expected) in table {
+        assert_eq!(
+            verdict(&command, None, row.as_ref(), &strict),
             expected,
             "{name}"
         );

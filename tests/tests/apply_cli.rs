@@ -1,4 +1,4 @@
-//! `podstream apply` as contract.md §4 describes it: decide's JSON lines into a metadata DB,
+//! `podstream apply` as docs/contract.md §4 describes it: decide's JSON lines into a metadata DB,
 //! a one-line summary, and a second run that changes nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

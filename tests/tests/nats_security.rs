@@ -306,7 +306,7 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config() {
     let pki = Pki::new();
-    let users = ["ingest", "process", "sink", "reader", "airflow"];
+    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
     let mut env = Vec::new();
     for user in users {
         let variable = format!("PODSTREAM_{}_PASSWORD", user.to_uppercase());
@@ -373,6 +373,157 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
         "{}",
         nats.log()
     );
+}
+
+/// The shipped users file, tried as an attacker with each credential would: every operation
+/// a user must not do is refused by the server (a permission violation naming that user), and
+/// the same connection still does what the user is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
+    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
+    let env: Vec<(String, String)> = users
+        .iter()
+        .map(|user| {
+            (
+                format!("PODSTREAM_{}_PASSWORD", user.to_uppercase()),
+                format!("{user}-{PASSWORD}"),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        podstream_tests::workspace_root().join("deploy/nats/podstream-users.conf"),
+        dir.path().join("podstream-users.conf"),
+    )
+    .unwrap();
+    let config = dir.path().join("nats-server.conf");
+    std::fs::write(&config, "include \"podstream-users.conf\"\n").unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let nats = NatsServer::start_with_config(&config, &env);
+    let connect = async |user: &str| {
+        async_nats::ConnectOptions::with_user_and_password(
+            format!("podstream-{user}"),
+            format!("{user}-{PASSWORD}"),
+        )
+        // The inbox each client really uses: the Spark operator's is the executor package's.
+        .custom_inbox_prefix(match user {
+            "spark" => "_INBOX_podstream-airflow".to_owned(),
+            "reader" => "_INBOX_podstream-tail".to_owned(),
+            user => format!("_INBOX_podstream-{user}"),
+        })
+        .connect(nats.url())
+        .await
+        .unwrap()
+    };
+    // (user, subject it must not publish to, what that would be)
+    let forbidden = [
+        (
+            "airflow",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-sink",
+            "pull the sink's commands",
+        ),
+        (
+            "airflow",
+            "$JS.ACK.PODSTREAM_COMMANDS.podstream-sink.1.2.3.4.5.6",
+            "ack the sink's commands",
+        ),
+        (
+            "airflow",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_COMMANDS.podstream-sink",
+            "redefine the sink's consumer",
+        ),
+        (
+            "airflow",
+            "$JS.API.CONSUMER.DELETE.PODSTREAM_COMMANDS.podstream-sink",
+            "delete the sink's consumer",
+        ),
+        (
+            "airflow",
+            "podstream.commands.1.forged",
+            "publish a command",
+        ),
+        (
+            "airflow",
+            "$KV.podstream-spark.job",
+            "write the Spark bucket",
+        ),
+        ("spark", "$KV.podstream-spark.job", "write the Spark bucket"),
+        (
+            "spark",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-airflow-1",
+            "pull a scheduler's commands",
+        ),
+        ("spark", "podstream.pods.1.forged", "publish a pod event"),
+        (
+            "reader",
+            "$JS.API.CONSUMER.DELETE.PODSTREAM_COMMANDS.podstream-sink",
+            "delete the sink's consumer",
+        ),
+        (
+            "reader",
+            "$JS.API.CONSUMER.DELETE.PODSTREAM_PODS.podstream-process",
+            "delete the processor's consumer",
+        ),
+        (
+            "reader",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-sink",
+            "pull the sink's commands",
+        ),
+        ("reader", "podstream.commands.1.forged", "publish a command"),
+        ("ingest", "podstream.commands.1.forged", "publish a command"),
+        (
+            "ingest",
+            "$JS.API.CONSUMER.DELETE.PODSTREAM_PODS.podstream-process",
+            "delete the processor's consumer",
+        ),
+        ("process", "podstream.pods.1.forged", "publish a pod event"),
+        (
+            "process",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-sink",
+            "pull the sink's commands",
+        ),
+        ("sink", "podstream.commands.1.forged", "publish a command"),
+        (
+            "sink",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_PODS.podstream-process",
+            "pull pod events",
+        ),
+        (
+            "sink",
+            "$JS.API.STREAM.DELETE.PODSTREAM_COMMANDS",
+            "delete the commands stream",
+        ),
+    ];
+    for (user, subject, what) in forbidden {
+        let client = connect(user).await;
+        client
+            .publish(subject.to_owned(), "x".into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = nats.log();
+            let refused = log.lines().any(|line| {
+                line.contains("Violation")
+                    && line.contains(&format!("podstream-{user}"))
+                    && line.contains(subject)
+            });
+            if refused {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "podstream-{user} may {what} ({subject}):\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // What they are for still works: the Spark user reads JetStream's account info.
+    let spark = async_nats::jetstream::new(connect("spark").await);
+    let refused_before = nats.log().matches("Violation").count();
+    spark.query_account().await.unwrap();
+    assert_eq!(nats.log().matches("Violation").count(), refused_before);
 }
 
 /// A JWT as nats-server reads it: `claims` for `subject`, signed by `issuer`.

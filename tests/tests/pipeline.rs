@@ -69,27 +69,25 @@ async fn run_plays_the_seed_stories_on_postgres() {
     let ops: std::net::SocketAddr = format!("127.0.0.1:{}", podstream_tests::free_port())
         .parse()
         .unwrap();
-    let run = Component::start(
-        podstream_binary(),
-        &[
-            "run",
-            "--nats",
-            &nats.url(),
-            "--db",
-            &target.url,
-            "--namespaces",
-            NS,
-            "--metrics-listen",
-            &ops.to_string(),
-        ],
+    let run = Component::run(
+        &nats.url(),
+        &target.url,
         &dir.path().join("kubeconfig"),
+        &["--metrics-listen", &ops.to_string()],
     );
 
     let cluster = sim.cluster();
+    // Airflow 3's executor names the TI's UUID on its pods; a pod without it is foreign.
+    let mut ids = std::collections::HashMap::new();
+    for task in ["adopted", "retried", "failed", "twins"] {
+        let row = db.task_instance(&key(task)).await.unwrap().unwrap();
+        ids.insert(task, row.id);
+    }
+    let pod = |name: &str, task: &str| {
+        WorkerPod::new(name, "1", DAG, task, RUN).with_task_instance_id(ids[task].as_deref())
+    };
     let create = |name: &str, task: &str| {
-        cluster
-            .create_pod(WorkerPod::new(name, "1", DAG, task, RUN).to_json())
-            .unwrap();
+        cluster.create_pod(pod(name, task).to_json()).unwrap();
         cluster.set_phase(NS, name, "Running").unwrap();
     };
     create("adopted-1", "adopted");
@@ -105,7 +103,7 @@ async fn run_plays_the_seed_stories_on_postgres() {
     cluster.delete_pod(NS, "retried-1", Some(1)).unwrap();
     cluster.delete_pod(NS, "failed-1", Some(1)).unwrap();
     // Seed 3: a newer pod for the same TI, which then fails.
-    let mut twin = WorkerPod::new("twins-2", "1", DAG, "twins", RUN).to_json();
+    let mut twin = pod("twins-2", "twins").to_json();
     twin["metadata"]["creationTimestamp"] = "2099-01-01T00:00:00Z".into();
     cluster.create_pod(twin).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

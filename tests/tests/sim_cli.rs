@@ -1,4 +1,4 @@
-//! `podstream sim` as contract.md §4 promises it to scripts.
+//! `podstream sim` as docs/contract.md §4 promises it to scripts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

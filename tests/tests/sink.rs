@@ -323,7 +323,8 @@ fn fail_with(reason: &str, terminated: Option<&str>) -> Kind {
 /// A pod that fails while its TI is still `queued` failed before the task process started:
 /// the sink records `launch_failed` and leaves the TI to the executor's relaunch, unless the
 /// container's reason is excluded (`Error` by default, as in Airflow). A running TI fails as
-/// ever. On Airflow 3, a pod naming a TI UUID moves only the TI with that id.
+/// ever. On Airflow 3, a pod naming a TI UUID moves only the TI with that id; on Airflow 2, a
+/// pod naming one moves nothing.
 async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, name: &str) {
     let (target, db) = prepared(airflow, postgres, name).await;
     let ti = |task_id, state, max_tries| SeedTi {
@@ -397,8 +398,16 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
             "failed",
         ),
     ];
+    let other = "0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
+    if stored_id.is_none() {
+        // Airflow 2 keys TIs by name: a pod that claims a UUID is no pod of Airflow's.
+        cases.push((
+            command("l6", with_id("by_id", other), deleted()),
+            Outcome::Skipped(Skip::ForeignPod),
+            "running",
+        ));
+    }
     if let Some(id) = &stored_id {
-        let other = "0196b3a0-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
         cases.push((
             command("l6", with_id("by_id", id), deleted()),
             Outcome::Applied(UP_FOR_RETRY),
@@ -406,7 +415,7 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
         ));
         cases.push((
             command("l7", with_id("other_id", other), deleted()),
-            Outcome::Skipped(Skip::OtherInstance),
+            Outcome::Skipped(Skip::ForeignPod),
             "running",
         ));
     }

@@ -58,18 +58,11 @@ async fn the_seed_stories_as_a_page_a_browser_draws() {
         .map(|task| SeedTi::running(task, if *task == "failed" { 0 } else { 1 }))
         .collect();
     db.seed(DAG, RUN, &tis).await.unwrap();
-    let run = Component::start(
-        podstream_binary(),
-        &[
-            "run",
-            "--nats",
-            &nats.url(),
-            "--db",
-            &target.url,
-            "--namespaces",
-            NS,
-        ],
+    let run = Component::run(
+        &nats.url(),
+        &target.url,
         &dir.path().join("kubeconfig"),
+        &[],
     );
     let cluster = sim.cluster();
     for task in tasks {

@@ -75,6 +75,13 @@ pub trait EventExt: Sized {
     fn synthesized(self) -> Self {
         self.with(|e| e.synthesized = true)
     }
+    fn ti_id(self, uuid: &str) -> Self {
+        self.with(|e| {
+            if let Some(task) = e.task.as_mut() {
+                task.task_instance_id = uuid.into();
+            }
+        })
+    }
 }
 
 impl EventExt for PodEvent {
