@@ -343,6 +343,12 @@ impl RealAirflow {
             "PODSTREAM_ENDINGS".to_owned(),
             endings.display().to_string(),
         ));
+        // podstream's executor holds its loop once asked to in the same folder (a story's
+        // kill between taking a fail and committing it).
+        env.push((
+            "PODSTREAM_TEST_HOLD_AFTER_TAKING".to_owned(),
+            endings.display().to_string(),
+        ));
         let nats = (executor == Executor::Podstream).then(crate::nats::NatsServer::start);
         if let Some(nats) = &nats {
             env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");

@@ -2,8 +2,9 @@
 //! (`podstream_story.works`), and while it runs (b) a second scheduler adopts it while the
 //! first is stopped past its health threshold, (c) the scheduler is killed -9 and restarted,
 //! (d) a second pod for the running task appears and fails; and while the scheduler is killed
-//! the pod (e) dies, (f) succeeds or (g) is deleted before a new scheduler starts (an outcome
-//! must reach the scheduler that adopts the task). Played with the stock executor
+//! the pod (e) dies, (f) succeeds or (g) is deleted before a new scheduler starts, or (h) the
+//! scheduler is killed after its executor took the pod's failure and before its loop committed
+//! it (an outcome must reach the scheduler that adopts the task). Played with the stock executor
 //! (`tests/tests/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
 //! (`tests/tests/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
 
@@ -42,17 +43,21 @@ pub enum Story {
     SucceedsWhileDown,
     /// (g) The same, with the task's pod deleted while no scheduler runs.
     DeletedWhileDown,
+    /// (h) The task's pod dies; the scheduler is killed -9 right after its executor took the
+    /// failure, before the scheduler loop committed it; a new scheduler starts.
+    KilledAfterTakingAFail,
 }
 
 impl Story {
     /// Every story: the seeds' order, then what happens while the scheduler is down.
-    pub const ALL: [Story; 6] = [
+    pub const ALL: [Story; 7] = [
         Story::Adoption,
         Story::Restart,
         Story::SecondPod,
         Story::DiesWhileDown,
         Story::SucceedsWhileDown,
         Story::DeletedWhileDown,
+        Story::KilledAfterTakingAFail,
     ];
 
     /// What happens, in a few words.
@@ -64,6 +69,9 @@ impl Story {
             Story::DiesWhileDown => "the task's pod dies while its scheduler is down",
             Story::SucceedsWhileDown => "the task succeeds while its scheduler is down",
             Story::DeletedWhileDown => "the task's pod is deleted while its scheduler is down",
+            Story::KilledAfterTakingAFail => {
+                "the task's pod dies and its scheduler is down before it committed the failure"
+            }
         }
     }
 
@@ -73,7 +81,10 @@ impl Story {
             Story::Adoption => "seed 000: a relabel during adoption kills live tasks",
             Story::Restart => "seed 001: a restarted scheduler resets running tasks as orphans",
             Story::SecondPod => "seed 003: two pods for one task make reattachment fail",
-            Story::DiesWhileDown | Story::SucceedsWhileDown | Story::DeletedWhileDown => {
+            Story::DiesWhileDown
+            | Story::SucceedsWhileDown
+            | Story::DeletedWhileDown
+            | Story::KilledAfterTakingAFail => {
                 "seed 001, the pod not waiting: an outcome must reach the scheduler that adopts the task"
             }
         }
@@ -95,6 +106,7 @@ impl Story {
             Story::DiesWhileDown => end_the_pod_while_down(real, PodEnding::Dies),
             Story::SucceedsWhileDown => end_the_pod_while_down(real, PodEnding::Succeeds),
             Story::DeletedWhileDown => end_the_pod_while_down(real, PodEnding::Deleted),
+            Story::KilledAfterTakingAFail => kill_after_taking_the_failure(real),
         }
     }
 
@@ -111,17 +123,23 @@ impl Story {
     /// no failure callback), as it does with the stock executor.
     pub fn right_ending(self) -> (&'static str, &'static [&'static str]) {
         match self {
-            Story::DiesWhileDown => ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY]),
+            Story::DiesWhileDown | Story::KilledAfterTakingAFail => {
+                ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY])
+            }
             Story::DeletedWhileDown => ("2", &[SUCCESS_ON_THE_SECOND_TRY]),
             _ => ("1", &[SUCCESS_ON_THE_FIRST_TRY]),
         }
     }
 
-    /// Whether the story's first pod ends while its scheduler is down.
+    /// Whether the first pod's outcome is left to the next scheduler: the pod ended while its
+    /// scheduler was down, or before the scheduler committed what it took of it.
     pub fn while_down(self) -> bool {
         matches!(
             self,
-            Story::DiesWhileDown | Story::SucceedsWhileDown | Story::DeletedWhileDown
+            Story::DiesWhileDown
+                | Story::SucceedsWhileDown
+                | Story::DeletedWhileDown
+                | Story::KilledAfterTakingAFail
         )
     }
 }
@@ -427,6 +445,40 @@ fn end_the_pod_while_down(real: &mut RealAirflow, ending: PodEnding) -> Result<(
     });
     // A second try, where the story leads to one, has nothing left to show: it succeeds as
     // soon as it runs.
+    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    real.start_component("scheduler");
+    Ok(())
+}
+
+/// The file by which the stage asks podstream's executor to hold its scheduler loop after
+/// taking a fail (the executor's `PODSTREAM_TEST_HOLD_AFTER_TAKING` hook, pointed at the
+/// endings folder), and the one it answers with.
+const HOLD: &str = "hold";
+const TAKEN: &str = "taken";
+
+/// (h) The first pod dies while its scheduler runs. With podstream's executor the scheduler
+/// is held (its test hook) right after the executor took the failure and before the loop
+/// committed it, and killed -9 there; with the stock executor, killed -9 as soon as the pod
+/// has failed. Then a new scheduler starts.
+fn kill_after_taking_the_failure(real: &mut RealAirflow) -> Result<(), String> {
+    let Some(first) = real.component("scheduler") else {
+        panic!("no scheduler to kill");
+    };
+    let podstream = real.executor == Executor::Podstream;
+    if podstream {
+        std::fs::write(real.endings.join(HOLD), "").unwrap_or_else(|e| panic!("{e}"));
+    }
+    std::fs::write(real.endings.join("1"), "die").unwrap_or_else(|e| panic!("{e}"));
+    real.note("told try 1 to die");
+    if podstream {
+        real.wait_until("the executor to take the failure", WAIT, |r| {
+            r.endings.join(TAKEN).exists()
+        });
+        real.note("the executor took the failure; its loop is held");
+    } else {
+        real.wait_until("the task's first pod to end", WAIT, first_pod_ended);
+    }
+    real.signal(first, Signal::SIGKILL);
     std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
     real.start_component("scheduler");
     Ok(())

@@ -12,11 +12,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use podstream_tests::airflow::Airflow;
-use podstream_tests::real_airflow::Executor;
+use podstream_tests::real_airflow::{Executor, RealAirflow};
 use podstream_tests::stories::{Story, ended_right, heading, play};
 
-/// Plays `story` with podstream's executor; it must end right.
-fn with_podstream(airflow: Airflow, story: Story) {
+/// Plays `story` with podstream's executor; it must end right. Returns the stage.
+fn with_podstream(airflow: Airflow, story: Story) -> RealAirflow {
     let (real, state) = play(airflow, Executor::Podstream, story);
     let timeline = real.timeline();
     println!(
@@ -30,6 +30,7 @@ fn with_podstream(airflow: Airflow, story: Story) {
             real.failed_pods()
         );
     }
+    real
 }
 
 #[test]
@@ -67,7 +68,14 @@ fn podstream_airflow_3_1_second_pod() {
 
 #[test]
 fn podstream_airflow_3_1_pod_dies_while_down() {
-    with_podstream(Airflow::line("3.1"), Story::DiesWhileDown);
+    let real = with_podstream(Airflow::line("3.1"), Story::DiesWhileDown);
+    // The pod that died on purpose is kept (Airflow's default) and its report names the
+    // cause: how its container ended and the line the task wrote on the pod's log.
+    let report = real.failed_pods();
+    assert!(
+        report.contains("exited 137") && report.contains("try 1 told to die"),
+        "the failed pod's report does not name its cause:\n{report}"
+    );
 }
 
 #[test]
@@ -78,4 +86,9 @@ fn podstream_airflow_3_1_task_succeeds_while_down() {
 #[test]
 fn podstream_airflow_3_1_pod_deleted_while_down() {
     with_podstream(Airflow::line("3.1"), Story::DeletedWhileDown);
+}
+
+#[test]
+fn podstream_airflow_3_1_killed_after_taking_a_fail() {
+    with_podstream(Airflow::line("3.1"), Story::KilledAfterTakingAFail);
 }

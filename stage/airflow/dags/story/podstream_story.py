@@ -51,6 +51,10 @@ with DAG(
             if said == "succeed":
                 return
             if said == "die":
+                # Said on the pod's own log (its main process's stdout): a story's report of
+                # a failed pod must name this cause.
+                with open(f"/proc/{os.getppid()}/fd/1", "w") as pod_log:
+                    pod_log.write(f"podstream story: try {ti.try_number} told to die\n")
                 # The task runs under the pod's main process (Airflow 2's `tasks run --local`,
                 # Airflow 3's supervisor), which would report a failure: it goes first.
                 os.kill(os.getppid(), signal.SIGKILL)
