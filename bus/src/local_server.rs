@@ -31,6 +31,15 @@ pub enum LocalServerError {
         /// The last lines it wrote (a configuration error goes to stderr, not the log).
         last: String,
     },
+    /// The token or the configuration holding it could not be written.
+    #[error("cannot write {file}: {source}")]
+    Token {
+        /// The file.
+        file: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The storage dir could not be made.
     #[error("cannot create {dir}: {source}")]
     Dir {
@@ -65,6 +74,7 @@ pub struct LocalServer {
     dir: PathBuf,
     binary: PathBuf,
     config: Option<ServerConfig>,
+    token: Option<String>,
 }
 
 /// A nats-server configuration file (TLS, users), and the environment its `$VARIABLE`
@@ -98,9 +108,60 @@ impl LocalServer {
             dir: dir.to_owned(),
             binary: binary.to_owned(),
             config,
+            token: None,
         };
         server.launch()?;
         Ok(server)
+    }
+
+    /// [`LocalServer::start`] for `podstream run` and `demo`: the server takes only clients
+    /// that present a token made now, so another local user's process cannot read or publish
+    /// task states through it. The token sits in [`LocalServer::token_file`] (mode 0600) for
+    /// other tools of the same user (`podstream tail --nats-token-file`), and in the
+    /// configuration file nats-server reads, never on a command line.
+    pub fn start_with_token(
+        binary: &Path,
+        dir: &Path,
+        port: u16,
+    ) -> Result<LocalServer, LocalServerError> {
+        std::fs::create_dir_all(dir).map_err(|source| LocalServerError::Dir {
+            dir: dir.display().to_string(),
+            source,
+        })?;
+        let token = new_token().map_err(|source| LocalServerError::Token {
+            file: "/dev/urandom".to_owned(),
+            source,
+        })?;
+        let file = dir.join(TOKEN_CONFIG);
+        write_private(&file, &format!("authorization {{ token: \"{token}\" }}\n"))?;
+        write_private(&dir.join(TOKEN_FILE), &format!("{token}\n"))?;
+        let mut server = LocalServer {
+            child: None,
+            port,
+            dir: dir.to_owned(),
+            binary: binary.to_owned(),
+            config: Some(ServerConfig {
+                file,
+                env: Vec::new(),
+            }),
+            token: Some(token),
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// The file holding the token of a server started by [`LocalServer::start_with_token`].
+    pub fn token_file(&self) -> Option<PathBuf> {
+        self.token.as_ref().map(|_| self.dir.join(TOKEN_FILE))
+    }
+
+    /// The URL podstream's own components connect with: [`LocalServer::url`], with the token
+    /// as its user info when the server has one (never print it; `url` is for showing).
+    pub fn client_url(&self) -> String {
+        match &self.token {
+            Some(token) => format!("nats://{token}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        }
     }
 
     /// The server's process id, while it runs.
@@ -212,6 +273,38 @@ impl LocalServer {
         self.stop();
         self.launch()
     }
+}
+
+/// The file a token-guarded local server's token is kept in, under its storage dir.
+const TOKEN_FILE: &str = "token";
+/// The nats-server configuration holding that token.
+const TOKEN_CONFIG: &str = "token.conf";
+
+/// 32 random bytes from the kernel, as hex.
+fn new_token() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `text` to a new `file` only its owner can read (mode 0600), replacing an older one.
+fn write_private(file: &Path, text: &str) -> Result<(), LocalServerError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let written = (|| {
+        let _ = std::fs::remove_file(file);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(file)?;
+        out.write_all(text.as_bytes())
+    })();
+    written.map_err(|source| LocalServerError::Token {
+        file: file.display().to_string(),
+        source,
+    })
 }
 
 impl Drop for LocalServer {

@@ -162,10 +162,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let db_path = dir.path().join("airflow.db");
     std::fs::copy(&template, &db_path)
         .with_context(|| format!("copying {}", template.display()))?;
-    let mut nats = LocalServer::start(&find_binary(), &dir.path().join("nats"), free_port()?)
-        .context("starting a local nats-server")?;
+    let mut nats =
+        LocalServer::start_with_token(&find_binary(), &dir.path().join("nats"), free_port()?)
+            .context("starting a local nats-server")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
-    let result = runtime.block_on(play(args, &db_path, &nats.url()));
+    let result = runtime.block_on(play(args, &db_path, &nats.client_url()));
     nats.stop();
     let passed = result?;
     if !passed {
@@ -211,15 +212,22 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     }));
 
     eprintln!(
-        "podstream demo: simulator at {}, nats-server at {nats_url}, Airflow DB {}",
+        "podstream demo: simulator at {}, nats-server at {}, Airflow DB {}",
         sim.url(),
+        podstream_bus::connect::redacted(nats_url),
         db_path.display()
     );
     scenario(sim.cluster()).await?;
 
     // Settled: every story ended right and nothing is left to decide or apply (checked
     // twice, so a late wrong command cannot slip past), or the time is up.
-    let js = jetstream::new(async_nats::connect(nats_url).await?);
+    let client = podstream_bus::connect::connect(
+        nats_url,
+        &podstream_bus::NatsSecurity::default(),
+        "podstream-demo",
+    )
+    .await?;
+    let js = jetstream::new(client);
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     let mut idle_polls = 0;
     let (rows, commands) = loop {

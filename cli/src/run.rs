@@ -103,14 +103,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         Some(url) => (None, url.clone()),
         None => {
             let dir = args.data_dir.join("nats");
-            let server = LocalServer::start(&find_binary(), &dir, args.nats_port)
+            let server = LocalServer::start_with_token(&find_binary(), &dir, args.nats_port)
                 .context("starting the local nats-server")?;
             eprintln!(
-                "podstream: local nats-server at {} (storage {})",
+                "podstream: local nats-server at {} (storage {}; its token in {}, for --nats-token-file)",
                 server.url(),
-                dir.display()
+                dir.display(),
+                server
+                    .token_file()
+                    .map_or_else(|| "-".to_owned(), |f| f.display().to_string())
             );
-            let url = server.url();
+            let url = server.client_url();
             (Some(server), url)
         }
     };

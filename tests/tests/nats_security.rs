@@ -614,3 +614,57 @@ async fn a_credentials_file_on_a_server_in_operator_mode() {
     let stderr = refused(&nats.url(), &[], Duration::from_secs(15));
     assert!(stderr.contains("refused"), "{stderr}");
 }
+
+/// The nats-server `podstream run` and `demo` start for themselves takes only the token they
+/// made for it: another local user's process cannot read or publish through it. The token is
+/// in a file only its owner reads (for `tail --nats-token-file`), never on a command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_server_of_run_and_demo_takes_only_its_token() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use podstream_bus::local_server::LocalServer;
+    use podstream_bus::{NatsCredentials, NatsSecurity};
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = LocalServer::start_with_token(
+        &podstream_tests::nats::nats_server_binary(),
+        dir.path(),
+        free_port(),
+    )
+    .unwrap();
+    let anonymous = async_nats::connect(server.url()).await;
+    assert!(
+        anonymous.is_err(),
+        "an anonymous client was let in: {anonymous:?}"
+    );
+
+    let own = podstream_bus::connect::connect(
+        &server.client_url(),
+        &NatsSecurity::default(),
+        "podstream-ingest",
+    )
+    .await
+    .unwrap();
+    own.flush().await.unwrap();
+
+    let token_file = server.token_file().unwrap();
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the token file is readable by others");
+    let tail = NatsSecurity {
+        credentials: NatsCredentials::TokenFile(token_file.clone()),
+        ..NatsSecurity::default()
+    };
+    let with_file = podstream_bus::connect::connect(&server.url(), &tail, "podstream-tail")
+        .await
+        .unwrap();
+    with_file.flush().await.unwrap();
+
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let command_line =
+        std::fs::read_to_string(format!("/proc/{}/cmdline", server.pid().unwrap())).unwrap();
+    assert!(!command_line.contains(token.trim()), "{command_line}");
+    assert!(
+        !server.url().contains(token.trim()),
+        "the shown URL holds the token"
+    );
+}
