@@ -101,6 +101,40 @@ pub enum ConnectError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The server is older than podstream needs.
+    #[error(
+        "NATS at {servers} runs nats-server {version}; podstream needs {MIN_SERVER_VERSION} or later (pinned consumers, the processor's single puller)"
+    )]
+    ServerTooOld {
+        /// The servers, redacted.
+        servers: String,
+        /// The version the server announced.
+        version: String,
+    },
+}
+
+/// The oldest nats-server podstream runs on: the processor's pull consumer uses the pinned
+/// client priority group, which 2.11 introduced.
+pub const MIN_SERVER_VERSION: &str = "2.11.0";
+
+/// Whether a server announcing `version` (`2.11.4`, `v2.10.22`, `2.12.0-beta.1`) is one
+/// podstream runs on. A version that does not parse is let through: a server built from source
+/// may announce anything, and the consumer calls then fail with the server's own words.
+///
+/// ```
+/// use podstream_bus::connect::server_version_supported;
+/// assert!(server_version_supported("2.15.1"));
+/// assert!(!server_version_supported("2.10.22"));
+/// ```
+pub fn server_version_supported(version: &str) -> bool {
+    fn numbers(version: &str) -> Option<(u64, u64)> {
+        let mut parts = version.trim().trim_start_matches('v').split(['.', '-']);
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    }
+    match (numbers(version), numbers(MIN_SERVER_VERSION)) {
+        (Some(found), Some(needed)) => found >= needed,
+        _ => true,
+    }
 }
 
 /// The servers of `url` (comma-separated), each checked as a NATS server address: a scheme
@@ -179,7 +213,14 @@ pub async fn connect(
         let options = options(security, &secrets, name)?;
         match options.connect(servers.as_slice()).await {
             Ok(client) => {
-                tracing::info!(url = %shown, "connected to NATS");
+                let version = client.server_info().version;
+                if !server_version_supported(&version) {
+                    return Err(ConnectError::ServerTooOld {
+                        servers: shown,
+                        version,
+                    });
+                }
+                tracing::info!(url = %shown, %version, "connected to NATS");
                 return Ok(client);
             }
             Err(error) => match error.kind() {
@@ -349,7 +390,28 @@ fn options(
 
 #[cfg(test)]
 mod tests {
-    use super::{ConnectError, redacted, servers};
+    use super::{ConnectError, redacted, server_version_supported, servers};
+
+    /// Servers before 2.11 lack the pinned consumers podstream's processor pulls through.
+    #[test]
+    fn servers_before_2_11_are_refused() {
+        for (version, supported) in [
+            ("2.11.0", true),
+            ("2.11.4", true),
+            ("v2.12.1", true),
+            ("2.15.1", true),
+            ("3.0.0", true),
+            ("2.12.0-beta.1", true),
+            ("2.10.22", false),
+            ("v2.10.0", false),
+            ("2.9.25", false),
+            ("1.99.0", false),
+            ("dev", true),
+            ("", true),
+        ] {
+            assert_eq!(server_version_supported(version), supported, "{version}");
+        }
+    }
 
     /// A URL that can never reach a server is an error at once, with the URL (redacted) and
     /// what is wrong; the forms other NATS clients take still read.
