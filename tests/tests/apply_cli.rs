@@ -36,9 +36,9 @@ fn line(id: &str, task_id: &str, kind: Kind) -> String {
     serde_json::to_string(&CommandLine::from(&command)).unwrap()
 }
 
-fn apply(db: &AirflowDb, input: &str) -> (String, String) {
+fn apply(db_url: &str, input: &str) -> (String, String) {
     let mut child = Command::new(podstream_binary())
-        .args(["apply", "--db", &db.url])
+        .args(["apply", "--db", db_url])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -109,7 +109,7 @@ async fn apply_twice_is_apply_once() {
     ]
     .join("\n");
 
-    let (first, errors) = apply(&db, &input);
+    let (first, errors) = apply(&db.url, &input);
     assert_eq!(
         first, "applied 2, skipped 1 (unknown_ti 1), dead-lettered 2",
         "{errors}"
@@ -118,7 +118,7 @@ async fn apply_twice_is_apply_once() {
         errors.contains("line 4") && errors.contains("line 5"),
         "{errors}"
     );
-    let (second, _) = apply(&db, &input);
+    let (second, _) = apply(&db.url, &input);
     assert_eq!(
         second,
         "applied 0, skipped 3 (already_applied 3), dead-lettered 2"
@@ -130,4 +130,90 @@ async fn apply_twice_is_apply_once() {
             ("load".to_owned(), -1, "queued".to_owned())
         ]
     );
+}
+
+/// The SQL block of docs/install.md that sets up the sink's role: the page and this test are
+/// one source for the grants.
+fn documented_grants() -> String {
+    let page =
+        std::fs::read_to_string(podstream_tests::workspace_root().join("docs/install.md")).unwrap();
+    let block = page
+        .split("```sql\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/install.md has an sql block with the sink's grants");
+    block.to_owned()
+}
+
+/// The sink works under a role with only the grants docs/install.md gives it: it creates its
+/// own tables in `public` (PostgreSQL 15 no longer lets every role do so), fails and
+/// transfers task instances and writes their audit rows into `log`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_works_under_a_role_with_only_the_documented_grants() {
+    let cluster = podstream_tests::postgres::PgCluster::start();
+    let db = AirflowDb::postgres(Airflow::line("3.1"), &cluster, "airflow");
+    let seed = [
+        SeedTi {
+            task_id: "extract",
+            map_index: -1,
+            state: Some("running"),
+            try_number: 1,
+            max_tries: 1,
+        },
+        SeedTi {
+            task_id: "load",
+            map_index: -1,
+            state: Some("queued"),
+            try_number: 1,
+            max_tries: 1,
+        },
+    ];
+    for statement in db.seed_sql("etl", "r1", &seed) {
+        cluster.query("airflow", &statement);
+    }
+    cluster.query("airflow", &documented_grants());
+    let as_podstream = db
+        .url
+        .replacen("postgres://postgres@", "postgres://podstream@", 1);
+    let input = [
+        line(
+            "a",
+            "extract",
+            Kind::Fail(Fail {
+                reason: "pod_failed".into(),
+                ..Fail::default()
+            }),
+        ),
+        line(
+            "b",
+            "load",
+            Kind::Transfer(Transfer {
+                from: "1".into(),
+                to: "2".into(),
+            }),
+        ),
+    ]
+    .join("\n");
+    let (summary, errors) = apply(&as_podstream, &input);
+    assert_eq!(summary, "applied 2, skipped 0, dead-lettered 0", "{errors}");
+    assert_eq!(
+        cluster.query(
+            "airflow",
+            "SELECT task_id, state, queued_by_job_id FROM task_instance ORDER BY task_id"
+        ),
+        [
+            ["extract", "up_for_retry", "1"].map(str::to_owned).to_vec(),
+            ["load", "queued", "2"].map(str::to_owned).to_vec(),
+        ]
+    );
+    let audit = cluster.query(
+        "airflow",
+        "SELECT count(*) FROM log WHERE owner = 'podstream'",
+    );
+    assert_ne!(audit, [["0".to_owned()]], "no audit row in log");
+    let owner = cluster.query(
+        "airflow",
+        "SELECT tableowner FROM pg_tables WHERE tablename = 'podstream_applied'",
+    );
+    assert_eq!(owner, [["podstream".to_owned()]]);
 }
