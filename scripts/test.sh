@@ -4,8 +4,25 @@
 # once each in test mode so they cannot rot). Every test binary runs even when
 # one fails (--no-fail-fast), so one report shows everything; the exit code is
 # still non-zero then. Extra arguments go to `cargo test`.
+#
+# PODSTREAM_TEST_BUSY_CORES=N keeps N cores busy with a spinning shell for the whole run: the
+# real-Airflow stories must pass on a loaded machine too, not by timing (their waits are sized
+# for a loaded 2-core machine; CI runs without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+busy_cores="${PODSTREAM_TEST_BUSY_CORES:-0}"
+case "$busy_cores" in
+    '' | *[!0-9]*) echo "test.sh: PODSTREAM_TEST_BUSY_CORES must be a number, not '$busy_cores'" >&2; exit 2 ;;
+esac
+hogs=()
+stop_hogs() { ((${#hogs[@]})) && kill "${hogs[@]}" 2>/dev/null; true; }
+trap stop_hogs EXIT
+for _ in $(seq 1 "$busy_cores"); do
+    sh -c 'while :; do :; done' &
+    hogs+=("$!")
+done
+((busy_cores)) && echo "test.sh: $busy_cores core(s) kept busy for the run"
 
 scripts/setup.sh
 # Build every target first, the `podstream` binary among them, in one
