@@ -7,7 +7,7 @@ use bytes::Bytes;
 pub use podstream_proto::subject::{ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER};
 
 /// Room kept under the server's `max_payload` for the headers and the protocol.
-const HEADROOM: usize = 16 * 1024;
+pub const HEADROOM: usize = 16 * 1024;
 /// Longest header value kept (a reason quoting a huge value is cut too).
 const MAX_HEADER_VALUE: usize = 4 * 1024;
 

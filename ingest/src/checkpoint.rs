@@ -12,6 +12,10 @@
 //! (everything published since the last write is published again after a crash, and only the
 //! window makes that harmless) but not far under a second.
 //!
+//! A shard never exceeds what the server takes in one message (`max_payload`, less room for
+//! headers): one whose pods do not fit continues in parts, `pods.0007.1`, `pods.0007.2`, …,
+//! each written like the shard itself; a part no longer needed is written empty.
+//!
 //! With `--spark`, the last events of the Spark objects (driver pods and SparkApplications)
 //! share one more key, `spark`, written the same way.
 //!
@@ -52,6 +56,8 @@ const SHARD_PREFIX: &str = "pods.";
 pub const SHARDS: usize = 1024;
 /// Writes in flight at once when flushing.
 const FLUSH_CONCURRENCY: usize = 64;
+/// The smallest part the server's `max_payload` can leave (a server configured tiny).
+const MIN_PART_LIMIT: usize = 1024;
 
 /// The shard of a pod: FNV-1a of its uid, stable across builds and versions.
 pub fn shard_of(uid: &str) -> usize {
@@ -63,8 +69,44 @@ pub fn shard_of(uid: &str) -> usize {
     (hash % SHARDS as u64) as usize
 }
 
-fn shard_key(shard: usize) -> String {
-    format!("{SHARD_PREFIX}{shard:04}")
+/// The key of part `part` of a shard: `pods.0007` for the first, `pods.0007.1` after it.
+fn shard_key(shard: usize, part: usize) -> String {
+    if part == 0 {
+        format!("{SHARD_PREFIX}{shard:04}")
+    } else {
+        format!("{SHARD_PREFIX}{shard:04}.{part}")
+    }
+}
+
+/// The shard and part a key after [`SHARD_PREFIX`] names (`0007`, `0007.1`), if it names one.
+fn shard_and_part(rest: &str) -> Option<(usize, usize)> {
+    let (shard, part) = match rest.split_once('.') {
+        Some((shard, part)) => (shard, part.parse().ok().filter(|p| *p > 0)?),
+        None => (rest, 0),
+    };
+    let shard = shard.parse().ok().filter(|s| *s < SHARDS)?;
+    Some((shard, part))
+}
+
+/// A shard's events as the values of its parts, each at most `limit` bytes (an event over
+/// the limit alone in its part); at least one part, empty when the shard has no pods.
+pub fn encode_parts(events: &[Bytes], limit: usize) -> Vec<Bytes> {
+    let mut parts = Vec::new();
+    let mut from = 0;
+    let mut size = 0;
+    for (at, event) in events.iter().enumerate() {
+        let entry = prost::encoding::encoded_len_varint(event.len() as u64) + event.len();
+        if at > from && size + entry > limit {
+            parts.push(encode_shard(&events[from..at]));
+            from = at;
+            size = 0;
+        }
+        size += entry;
+    }
+    if from < events.len() || parts.is_empty() {
+        parts.push(encode_shard(&events[from..]));
+    }
+    parts
 }
 
 /// A shard's value: each pod's last event, encoded, as a varint length and the bytes.
@@ -131,6 +173,10 @@ pub struct Checkpoint {
     shards: Vec<HashMap<String, Bytes, FastHash>>,
     dirty: Vec<bool>,
     dirty_list: Vec<usize>,
+    /// Per shard, how many of its parts held pods after the last write (1 at least).
+    live_parts: Vec<usize>,
+    /// The most bytes one part's value may take.
+    part_limit: usize,
     /// Keys of an older layout found at load, purged once the shards are written.
     stale: Vec<String>,
     resume: Option<u64>,
@@ -151,16 +197,27 @@ pub struct Checkpoint {
 /// The KV revisions a writer expects to find.
 #[derive(Debug, Clone)]
 struct Revisions {
-    shards: Vec<u64>,
+    /// Per shard, the revision of each of its parts' keys written so far (the first always).
+    shards: Vec<Vec<u64>>,
     resume: u64,
     leader: u64,
     spark: u64,
 }
 
+impl Revisions {
+    fn set_shard(&mut self, shard: usize, part: usize, revision: u64) {
+        let parts = &mut self.shards[shard];
+        if parts.len() <= part {
+            parts.resize(part + 1, ABSENT);
+        }
+        parts[part] = revision;
+    }
+}
+
 impl Default for Revisions {
     fn default() -> Self {
         Revisions {
-            shards: vec![ABSENT; SHARDS],
+            shards: vec![vec![ABSENT]; SHARDS],
             resume: ABSENT,
             leader: ABSENT,
             spark: ABSENT,
@@ -171,7 +228,10 @@ impl Default for Revisions {
 /// The revisions a write left, key by key, whether or not all of it succeeded.
 #[derive(Debug, Default)]
 struct Written {
-    shards: Vec<(usize, u64)>,
+    /// (shard, part, revision).
+    shards: Vec<(usize, usize, u64)>,
+    /// Shards written whole: how many of their parts hold pods now.
+    live_parts: Vec<(usize, usize)>,
     resume: Option<u64>,
     leader: Option<u64>,
     spark: Option<u64>,
@@ -190,10 +250,12 @@ struct WriteFailed {
 /// purge, the resume revision, each at the KV revision expected.
 #[derive(Default)]
 struct Write {
-    /// Each shard's pods (their events, shared, not copied) and expected revision: encoded
-    /// only as it is written, so a write holds a few shard values at a time, not the whole
-    /// checkpoint twice.
-    shards: Vec<(usize, Vec<Bytes>, u64)>,
+    /// Each shard's pods (their events, shared, not copied), the expected revision of each
+    /// of its parts' keys, and how many parts held pods: encoded only as it is written, so a
+    /// write holds a few shard values at a time, not the whole checkpoint twice.
+    shards: Vec<ShardWrite>,
+    /// The most bytes one part's value may take.
+    part_limit: usize,
     stale: Vec<String>,
     resume: Option<(u64, u64)>,
     /// The Spark objects' events and the expected revision of their key.
@@ -201,6 +263,14 @@ struct Write {
     /// The `leader` value and its expected revision: set first, proving the claim holds.
     claim: Option<(Bytes, u64)>,
     fence: Fence,
+}
+
+/// One shard of a [`Write`].
+struct ShardWrite {
+    shard: usize,
+    pods: Vec<Bytes>,
+    revisions: Vec<u64>,
+    live_parts: usize,
 }
 
 impl Write {
@@ -240,6 +310,13 @@ impl Checkpoint {
             shards: vec![HashMap::default(); SHARDS],
             dirty: vec![false; SHARDS],
             dirty_list: Vec::new(),
+            live_parts: vec![1; SHARDS],
+            part_limit: js
+                .client()
+                .server_info()
+                .max_payload
+                .saturating_sub(podstream_bus::dead::HEADROOM)
+                .max(MIN_PART_LIMIT),
             stale: Vec::new(),
             resume: None,
             resume_dirty: false,
@@ -252,6 +329,13 @@ impl Checkpoint {
             last_write: None,
             in_flight: None,
         })
+    }
+
+    /// The same checkpoint with parts of at most `bytes` (the server's `max_payload` less
+    /// room for headers by default): for a test to split shards without a million pods.
+    pub fn with_part_limit(mut self, bytes: usize) -> Checkpoint {
+        self.part_limit = bytes.max(1);
+        self
     }
 
     /// Claims the checkpoint for `identity`: the `leader` key gets the next term, set at the
@@ -326,11 +410,17 @@ impl Checkpoint {
                 if live {
                     self.load_spark(&entry.value, &mut restored);
                 }
-            } else if let Some(shard) = entry.key.strip_prefix(SHARD_PREFIX) {
-                match shard.parse::<usize>() {
-                    Ok(index) if index < SHARDS => self.revisions.shards[index] = entry.revision,
-                    _ if live => self.stale.push(entry.key.clone()),
-                    _ => {}
+            } else if let Some(rest) = entry.key.strip_prefix(SHARD_PREFIX) {
+                match shard_and_part(rest) {
+                    Some((shard, part)) => {
+                        self.revisions.set_shard(shard, part, entry.revision);
+                        if live && !entry.value.is_empty() {
+                            let parts = &mut self.live_parts[shard];
+                            *parts = (*parts).max(part + 1);
+                        }
+                    }
+                    None if live => self.stale.push(entry.key.clone()),
+                    None => {}
                 }
                 if live {
                     match decode_shard(&entry.value) {
@@ -443,8 +533,11 @@ impl Checkpoint {
         &mut self,
         (written, done): (Written, Result<(), WriteFailed>),
     ) -> anyhow::Result<()> {
-        for (shard, revision) in written.shards {
-            self.revisions.shards[shard] = revision;
+        for (shard, part, revision) in written.shards {
+            self.revisions.set_shard(shard, part, revision);
+        }
+        for (shard, parts) in written.live_parts {
+            self.live_parts[shard] = parts;
         }
         if let Some(revision) = written.resume {
             self.revisions.resume = revision;
@@ -505,11 +598,12 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(self.dirty_list.len());
         for shard in self.dirty_list.drain(..) {
             self.dirty[shard] = false;
-            shards.push((
+            shards.push(ShardWrite {
                 shard,
-                self.shards[shard].values().cloned().collect(),
-                self.revisions.shards[shard],
-            ));
+                pods: self.shards[shard].values().cloned().collect(),
+                revisions: self.revisions.shards[shard].clone(),
+                live_parts: self.live_parts[shard],
+            });
         }
         let resume = match (self.resume_dirty, self.resume) {
             (true, Some(rv)) => Some((rv, self.revisions.resume)),
@@ -520,6 +614,7 @@ impl Checkpoint {
             .then(|| (self.spark.values().cloned().collect(), self.revisions.spark));
         Write {
             shards,
+            part_limit: self.part_limit,
             spark,
             // Purged after the shards that replace them are written.
             stale: std::mem::take(&mut self.stale),
@@ -673,11 +768,10 @@ impl Refusals {
                             written.resume = Some(revision);
                         } else if key == SPARK_KEY {
                             written.spark = Some(revision);
-                        } else if let Some(shard) = key
-                            .strip_prefix(SHARD_PREFIX)
-                            .and_then(|s| s.parse::<usize>().ok())
+                        } else if let Some((shard, part)) =
+                            key.strip_prefix(SHARD_PREFIX).and_then(shard_and_part)
                         {
-                            written.shards.push((shard, revision));
+                            written.shards.push((shard, part, revision));
                         }
                     }
                 }
@@ -696,13 +790,14 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
     let kv = &kv;
     let Write {
         shards,
+        part_limit,
         stale,
         resume,
         spark,
         claim,
         fence,
     } = write;
-    let all_shards: Vec<usize> = shards.iter().map(|(shard, _, _)| *shard).collect();
+    let all_shards: Vec<usize> = shards.iter().map(|write| write.shard).collect();
     let failure = |error: anyhow::Error, stale: Vec<String>| WriteFailed {
         error,
         shards: all_shards.clone(),
@@ -723,23 +818,54 @@ async fn write_out(kv: kv::Store, write: Write) -> (Written, Result<(), WriteFai
         }
     }
     if refusals.is_clear() {
-        let results: Vec<(usize, Result<u64, Refused>)> = futures::stream::iter(shards)
-            .map(|(shard, pods, revision)| async move {
-                let value = encode_shard(&pods);
+        // Each shard's parts, and an empty value for each part that held pods before but is
+        // no longer needed.
+        let mut parts_of: HashMap<usize, (usize, usize)> = HashMap::new();
+        let mut puts: Vec<(usize, usize, Bytes, u64)> = Vec::new();
+        for write in shards {
+            let mut parts = encode_parts(&write.pods, part_limit);
+            let needed = parts.len();
+            parts.resize(needed.max(write.live_parts), Bytes::new());
+            parts_of.insert(write.shard, (needed, write.live_parts));
+            for (part, value) in parts.into_iter().enumerate() {
+                let revision = write.revisions.get(part).copied().unwrap_or(ABSENT);
+                puts.push((write.shard, part, value, revision));
+            }
+        }
+        let results: Vec<(usize, usize, Result<u64, Refused>)> = futures::stream::iter(puts)
+            .map(|(shard, part, value, revision)| async move {
+                let key = shard_key(shard, part);
                 (
                     shard,
-                    compare_and_set(kv, &shard_key(shard), value, revision).await,
+                    part,
+                    compare_and_set(kv, &key, value, revision).await,
                 )
             })
             .buffer_unordered(FLUSH_CONCURRENCY)
             .collect()
             .await;
-        for (shard, result) in results {
+        let mut refused_shards = std::collections::HashSet::new();
+        for (shard, part, result) in results {
             match result {
-                Ok(revision) => written.shards.push((shard, revision)),
-                Err(refused) => refusals.note(shard_key(shard), refused),
+                Ok(revision) => written.shards.push((shard, part, revision)),
+                Err(refused) => {
+                    refused_shards.insert(shard);
+                    refusals.note(shard_key(shard, part), refused);
+                }
             }
         }
+        // A shard written only in part may still hold pods in any part it had or wrote.
+        written.live_parts = parts_of
+            .into_iter()
+            .map(|(shard, (needed, before))| {
+                let live = if refused_shards.contains(&shard) {
+                    needed.max(before)
+                } else {
+                    needed
+                };
+                (shard, live)
+            })
+            .collect();
         if let Some((events, revision)) = &spark {
             match compare_and_set(kv, SPARK_KEY, encode_shard(events), *revision).await {
                 Ok(revision) => written.spark = Some(revision),
@@ -797,6 +923,58 @@ mod tests {
             decode_shard(&[0xff]),
             Err(ShardUnreadable::Length(_))
         ));
+    }
+
+    /// Parts hold the events in order, each part within the limit but for an event over it
+    /// alone, and read back to the events; no events still make one (empty) part.
+    #[test]
+    fn parts_keep_within_the_limit_and_read_back_in_order() {
+        let event = |n: usize| Bytes::from(vec![b'e'; n]);
+        // (event sizes, limit, events per part); an entry is its length's varint plus it.
+        let table: &[(&[usize], usize, &[usize])] = &[
+            (&[], 100, &[0]),
+            (&[10, 10, 10], 100, &[3]),
+            (&[10, 10, 10], 22, &[2, 1]),
+            (&[10, 10, 10], 11, &[1, 1, 1]),
+            (&[50, 200, 10, 10], 100, &[1, 1, 2]),
+            (&[200], 100, &[1]),
+        ];
+        for (sizes, limit, expected) in table {
+            let events: Vec<Bytes> = sizes.iter().map(|&n| event(n)).collect();
+            let parts = encode_parts(&events, *limit);
+            let counts: Vec<usize> = parts
+                .iter()
+                .map(|part| decode_shard(part).unwrap().len())
+                .collect();
+            assert_eq!(&counts, expected, "{sizes:?} in parts of {limit}");
+            for part in &parts {
+                let decoded = decode_shard(part).unwrap();
+                assert!(part.len() <= *limit || decoded.len() == 1, "{sizes:?}");
+            }
+            let read: Vec<Bytes> = parts
+                .iter()
+                .flat_map(|part| decode_shard(part).unwrap())
+                .collect();
+            assert_eq!(read, events);
+        }
+    }
+
+    /// The keys of a shard's parts, and what is not one (left as stale by a load).
+    #[test]
+    fn shard_keys_name_their_shard_and_part() {
+        assert_eq!(shard_key(7, 0), "pods.0007");
+        assert_eq!(shard_key(7, 2), "pods.0007.2");
+        for (rest, named) in [
+            ("0007", Some((7, 0))),
+            ("0007.2", Some((7, 2))),
+            ("1023.11", Some((1023, 11))),
+            ("0007.0", None),
+            ("1024", None),
+            ("0007.x", None),
+            ("abc", None),
+        ] {
+            assert_eq!(shard_and_part(rest), named, "{rest}");
+        }
     }
 
     /// A pod's shard must not change between versions: its entry would then live in two keys.

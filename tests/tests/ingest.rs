@@ -1099,3 +1099,81 @@ async fn a_restarted_ingest_takes_its_own_pods_lease_back_at_once() {
     other.kill();
     assert!(ingest.terminate().success());
 }
+
+/// A checkpoint shard whose pods do not fit in one message continues in parts, and reads back
+/// whole; once its pods fit again, the parts it no longer needs are emptied, so a later load
+/// restores no pod that left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_over_the_message_limit_is_written_in_parts_and_read_back_whole() {
+    use podstream_ingest::checkpoint::Checkpoint;
+    use podstream_ingest::known::{Outgoing, Role};
+    use podstream_ingest::leadership::Fence;
+    use podstream_proto::{PodEvent, PodRef};
+    use prost::Message as _;
+
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    // 400 bytes a part: every shard with more than a few pods needs parts.
+    let open = || async {
+        Checkpoint::open(&js, "parts", 1, Duration::from_millis(10), Fence::open())
+            .await
+            .unwrap()
+            .with_part_limit(400)
+    };
+    let event = |i: usize, kind: EventType| {
+        let mut event = PodEvent {
+            pod: Some(PodRef {
+                namespace: "airflow".into(),
+                name: format!("pod-{i:05}-{}", "x".repeat(60)),
+                uid: format!("uid-{i:05}"),
+            }),
+            resource_version: (i + 1).to_string(),
+            owner: "1".into(),
+            ..PodEvent::default()
+        };
+        event.set_type(kind);
+        Outgoing {
+            subject: String::new(),
+            msg_id: String::new(),
+            role: Role::Event,
+            payload: event.encode_to_vec().into(),
+            event,
+        }
+    };
+    let uids = |pods: &[PodEvent]| -> std::collections::BTreeSet<String> {
+        pods.iter()
+            .filter_map(|e| e.pod.as_ref().map(|p| p.uid.clone()))
+            .collect()
+    };
+
+    let mut writer = open().await;
+    writer.claim("writer").await.unwrap();
+    writer.load().await.unwrap();
+    for i in 0..20_000 {
+        writer.record(&event(i, EventType::Added));
+    }
+    writer.flush().await.unwrap();
+    let kv = js.get_key_value("parts").await.unwrap();
+    let keys: Vec<String> = futures::StreamExt::collect::<Vec<_>>(kv.keys().await.unwrap())
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.matches('.').count() == 2),
+        "no shard needed a part: {:?}",
+        &keys[..5]
+    );
+    let restored = open().await.load().await.unwrap();
+    assert_eq!(restored.pods.len(), 20_000);
+
+    // All but ten pods leave: their shards fit in one part again.
+    for i in 10..20_000 {
+        writer.record(&event(i, EventType::Deleted));
+    }
+    writer.flush().await.unwrap();
+    let restored = open().await.load().await.unwrap();
+    let expected: std::collections::BTreeSet<String> =
+        (0..10).map(|i| format!("uid-{i:05}")).collect();
+    assert_eq!(uids(&restored.pods), expected);
+}
