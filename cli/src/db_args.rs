@@ -111,9 +111,11 @@ impl DbArgs {
             ),
             None => std::env::var("PODSTREAM_DB_PASSWORD").ok(),
         };
-        Ok(DbTarget {
+        let target = DbTarget {
             url: db.to_owned(),
             password,
-        })
+        };
+        target.check()?;
+        Ok(target)
     }
 }

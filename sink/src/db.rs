@@ -125,6 +125,13 @@ impl DbTarget {
         redacted(&self.url)
     }
 
+    /// Whether the URL can name a database at all (scheme, syntax, port): checked before
+    /// anything else starts, so a URL no retry can mend ends the command at once.
+    pub fn check(&self) -> Result<(), DbError> {
+        install_default_drivers();
+        self.connect_options().map(|_| ())
+    }
+
     /// Its dialect and the driver's connect options: the URL parsed, the password set
     /// through the parser (percent-encoded as needed) when the URL has none, and SQLite
     /// opened read-write without creating a file.

@@ -298,6 +298,34 @@ fn an_unparsable_nats_url_is_refused_at_once() {
     }
 }
 
+/// A `--db` URL that can name no database is refused at once with the URL, its password
+/// redacted, before NATS or Kubernetes is tried.
+#[test]
+fn an_unparsable_db_url_is_refused_at_once() {
+    for url in [
+        "not a url",
+        "mysql://airflow@db/airflow",
+        "postgres://airflow:s3cret@db:notaport/airflow",
+    ] {
+        let started = Instant::now();
+        let output = Command::new(podstream_binary())
+            .args(["run", "--nats", "nats://127.0.0.1:1", "--db", url])
+            .env("KUBECONFIG", "/nonexistent")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{url}: {stderr}");
+        assert!(stderr.contains("database URL"), "{url}: {stderr}");
+        assert!(!stderr.contains("s3cret"), "{url}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// Two Airflow deployments in one namespace whose schedulers have the same job id, each with
 /// its own metadata DB: each `podstream run` watches its own deployment's pods
 /// (`--pod-selector release=…`, the official chart's release label) under its own `--prefix`
