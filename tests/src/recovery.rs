@@ -282,6 +282,105 @@ pub async fn play(binary: &Path, kill: Kill) -> Recovery {
     }
 }
 
+/// A burst: `tasks` running task instances whose pods all fail at once; `podstream run` is
+/// killed -9 `after` the burst began and started again at once, as a container restarts in
+/// its pod (`in_pod`: `$POD_NAME` set, the same for both incarnations) or as a process does
+/// off Kubernetes (no `$POD_NAME`: a new Lease holder, which waits out the old one's Lease).
+#[derive(Debug, Clone, Copy)]
+pub struct Burst {
+    /// Task instances, each with one pod that fails.
+    pub tasks: usize,
+    /// How long after the first failure was written the process is killed.
+    pub after: Duration,
+    /// Whether `$POD_NAME` is set.
+    pub in_pod: bool,
+}
+
+/// Plays one burst with the `podstream` at `binary`; the seconds from the restart (the new
+/// process spawned) until every task instance is `up_for_retry`.
+///
+/// # Panics
+/// When the task instances do not all end `up_for_retry` within 120 s.
+pub async fn play_burst(binary: &Path, burst: Burst) -> f64 {
+    let (sim, dir) = simulator().await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    let nats = NatsServer::start();
+    let target = AirflowDb::sqlite(Airflow::oldest());
+    let db = Database::connect(&target.url)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let names: Vec<String> = (0..burst.tasks).map(|i| format!("burst-{i:03}")).collect();
+    let tis: Vec<SeedTi<'_>> = names.iter().map(|t| SeedTi::running(t, 2)).collect();
+    db.seed(DAG, RUN, &tis)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let url = nats.url();
+    let env: &[(&str, &str)] = if burst.in_pod {
+        &[("POD_NAME", "podstream-run-0")]
+    } else {
+        &[]
+    };
+    let mut run = Component::start_with_env(
+        binary,
+        &[
+            "run",
+            "--nats",
+            &url,
+            "--db",
+            &target.url,
+            "--namespaces",
+            NS,
+        ],
+        &kubeconfig,
+        env,
+    );
+    let cluster = sim.cluster();
+    for name in &names {
+        cluster
+            .create_pod(WorkerPod::new(name, "1", DAG, name, RUN).to_json())
+            .unwrap_or_else(|e| panic!("{e}"));
+        cluster
+            .set_phase(NS, name, "Running")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    wait_for_commands(&db, burst.tasks as i64).await;
+    for name in &names {
+        cluster
+            .set_phase(NS, name, "Failed")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    tokio::time::sleep(burst.after).await;
+    run.kill();
+    let restarted = Instant::now();
+    run.restart();
+    let deadline = restarted + Duration::from_secs(120);
+    loop {
+        let retried: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM task_instance WHERE dag_id = ? AND state = 'up_for_retry'",
+        )
+        .bind(DAG)
+        .fetch_one(&db.pool)
+        .await
+        .and_then(|row| row.try_get(0))
+        .unwrap_or(0);
+        if retried == burst.tasks as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{retried} of {} task instances up for retry ({burst:?})",
+            burst.tasks
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = restarted.elapsed().as_secs_f64();
+    assert!(
+        run.terminate().success(),
+        "podstream run exits 0 on SIGTERM"
+    );
+    seconds
+}
+
 /// Waits until the sink's consumer has a command delivered and not acked (at most 60 s).
 async fn wait_for_ack_pending(url: &str) {
     let js = async_nats::jetstream::new(
