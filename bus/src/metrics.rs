@@ -39,9 +39,12 @@ pub const DEAD_LETTERS: &str = "podstream_dead_letters_total";
 pub const READY: &str = "podstream_ready";
 /// Gauge: messages of a stage's consumer not yet delivered; label `consumer`.
 pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
+/// Gauge: always 1; label `version`, the podstream release the process runs (which
+/// versions a rollout has running, side by side).
+pub const BUILD_INFO: &str = "podstream_build_info";
 
 /// Every metric above, for the dashboard's and the docs' checks.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     INGEST_EVENTS_PUBLISHED,
     INGEST_LISTS,
     INGEST_WATCH_ERRORS,
@@ -57,6 +60,7 @@ pub const ALL: [&str; 15] = [
     DEAD_LETTERS,
     READY,
     CONSUMER_PENDING,
+    BUILD_INFO,
 ];
 
 /// How often [`report_pending`] asks JetStream for the consumers' lag.

@@ -38,6 +38,8 @@ impl OpsArgs {
             .context("histogram buckets")?
             .install_recorder()
             .context("installing the metrics recorder")?;
+        metrics::gauge!(podstream_bus::metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"))
+            .set(1.0);
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .with_context(|| format!("listening on {address} (--metrics-listen)"))?;

@@ -256,3 +256,127 @@ fn the_dashboard_and_the_reference_show_exactly_the_exported_metrics() {
         );
     }
 }
+
+/// YAML (any number of documents) as JSON values, read by the PyYAML that comes with checkov.
+fn yaml_documents(file: &Path) -> Vec<Value> {
+    let json = run(Command::new(tool("python")).args([
+        "-c",
+        "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+        &file.display().to_string(),
+    ]));
+    serde_json::from_str(&json).unwrap()
+}
+
+/// GitHub's anchor of a Markdown heading: lower case, spaces as dashes, punctuation gone.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// deploy/monitoring, the optional component: an overlay that takes it renders a PodMonitor
+/// that finds every podstream pod's metrics port and a PrometheusRule whose alerts pass
+/// `promtool check rules`; `promtool test rules` (rules-test.yaml) shows each alert firing on
+/// trouble and quiet otherwise; each alert has a firing case and a runbook entry that exists.
+#[test]
+fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
+    let root = workspace_root();
+    // Inside the workspace, so the overlay reaches deploy/ by relative paths as kustomize
+    // wants; not under a dot-named dir.
+    let overlay = tempfile::Builder::new()
+        .prefix("podstream-monitoring-")
+        .tempdir_in(root.join("target"))
+        .unwrap();
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        "resources:\n  - ../../deploy/overlays/stock-executor\ncomponents:\n  - ../../deploy/monitoring\n",
+    )
+    .unwrap();
+    let yaml = run(Command::new("kubectl").arg("kustomize").arg(overlay.path()));
+    let rendered = overlay.path().join("rendered.yaml");
+    std::fs::write(&rendered, yaml).unwrap();
+    let objects = yaml_documents(&rendered);
+
+    let monitors = of_kind(&objects, "PodMonitor");
+    assert_eq!(monitors.len(), 1);
+    let monitor = monitors[0];
+    assert_eq!(monitor["metadata"]["namespace"], "airflow");
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+        .as_str()
+        .unwrap();
+    let deployments = of_kind(&objects, "Deployment");
+    assert_eq!(deployments.len(), 3);
+    for deployment in deployments {
+        let name = deployment["metadata"]["name"].as_str().unwrap();
+        let template = &deployment["spec"]["template"];
+        for (key, value) in selector {
+            assert_eq!(
+                &template["metadata"]["labels"][key], value,
+                "{name}: the PodMonitor does not select its pods"
+            );
+        }
+        let ports = template["spec"]["containers"][0]["ports"]
+            .as_array()
+            .unwrap();
+        assert!(
+            ports.iter().any(|p| p["name"] == port),
+            "{name}: no port {port}"
+        );
+    }
+
+    let rules = of_kind(&objects, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    let groups = &rules[0]["spec"];
+    let dir = tempfile::Builder::new()
+        .prefix("podstream-rules-")
+        .tempdir()
+        .unwrap();
+    std::fs::write(
+        dir.path().join("podstream-rules.json"),
+        serde_json::to_string(groups).unwrap(),
+    )
+    .unwrap();
+    let tests_file = dir.path().join("rules-test.yaml");
+    std::fs::copy(root.join("deploy/monitoring/rules-test.yaml"), &tests_file).unwrap();
+    if let Err(e) = Command::new("promtool").arg("--version").output() {
+        panic!("promtool: {e} (scripts/setup.sh installs Debian's prometheus)");
+    }
+    let promtool = |args: &[&str]| run(Command::new("promtool").args(args).current_dir(dir.path()));
+    promtool(&["check", "rules", "podstream-rules.json"]);
+    promtool(&["test", "rules", "rules-test.yaml"]);
+
+    // Every alert is proven to fire somewhere, and links an entry of the runbook.
+    let tests = yaml_documents(&tests_file);
+    let firing: std::collections::BTreeSet<&str> = tests[0]["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|test| test["alert_rule_test"].as_array().unwrap())
+        .filter(|case| !case["exp_alerts"].as_array().unwrap().is_empty())
+        .filter_map(|case| case["alertname"].as_str())
+        .collect();
+    let operations = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let anchors: Vec<String> = operations
+        .lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|heading| anchor(heading.trim_start_matches('#')))
+        .collect();
+    for rule in groups["groups"][0]["rules"].as_array().unwrap() {
+        let alert = rule["alert"].as_str().unwrap();
+        assert!(firing.contains(alert), "{alert} is never shown firing");
+        let runbook = rule["annotations"]["runbook_url"].as_str().unwrap();
+        let (page, entry) = runbook.split_once('#').unwrap();
+        assert_eq!(page, "docs/operations.md", "{alert}");
+        assert!(
+            anchors.iter().any(|a| a == entry),
+            "{alert}: no heading for #{entry} in docs/operations.md"
+        );
+    }
+}
