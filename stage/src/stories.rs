@@ -4,7 +4,8 @@
 //! (d) a second pod for the running task appears and fails; and while the scheduler is killed
 //! the pod (e) dies, (f) succeeds or (g) is deleted before a new scheduler starts, or (h) the
 //! scheduler is killed after its executor took the pod's failure and before its loop committed
-//! it (an outcome must reach the scheduler that adopts the task). Played with the stock executor
+//! it (an outcome must reach the scheduler that adopts the task); and (i) a forged copy of the
+//! task's pod fails (a pod anyone can create must not fail a running task). Played with the stock executor
 //! (`tests/tests/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
 //! (`tests/tests/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
 
@@ -46,11 +47,14 @@ pub enum Story {
     /// (h) The task's pod dies; the scheduler is killed -9 right after its executor took the
     /// failure, before the scheduler loop committed it; a new scheduler starts.
     KilledAfterTakingAFail,
+    /// (i) A forged pod, a copy of the task's pod under another `task_instance_id` (anyone
+    /// who can create pods in the namespace can make one), fails while the task runs.
+    ForgedPod,
 }
 
 impl Story {
     /// Every story: the seeds' order, then what happens while the scheduler is down.
-    pub const ALL: [Story; 7] = [
+    pub const ALL: [Story; 8] = [
         Story::Adoption,
         Story::Restart,
         Story::SecondPod,
@@ -58,6 +62,7 @@ impl Story {
         Story::SucceedsWhileDown,
         Story::DeletedWhileDown,
         Story::KilledAfterTakingAFail,
+        Story::ForgedPod,
     ];
 
     /// What happens, in a few words.
@@ -72,6 +77,7 @@ impl Story {
             Story::KilledAfterTakingAFail => {
                 "the task's pod dies and its scheduler is down before it committed the failure"
             }
+            Story::ForgedPod => "a forged copy of the task's pod fails",
         }
     }
 
@@ -86,6 +92,9 @@ impl Story {
             | Story::DeletedWhileDown
             | Story::KilledAfterTakingAFail => {
                 "seed 001, the pod not waiting: an outcome must reach the scheduler that adopts the task"
+            }
+            Story::ForgedPod => {
+                "trust: a pod anyone in the namespace can create must not fail a running task"
             }
         }
     }
@@ -107,6 +116,10 @@ impl Story {
             Story::SucceedsWhileDown => end_the_pod_while_down(real, PodEnding::Succeeds),
             Story::DeletedWhileDown => end_the_pod_while_down(real, PodEnding::Deleted),
             Story::KilledAfterTakingAFail => kill_after_taking_the_failure(real),
+            Story::ForgedPod => {
+                start_a_forged_pod_that_fails(real);
+                Ok(())
+            }
         }
     }
 
@@ -490,6 +503,27 @@ fn start_a_second_pod_that_fails(real: &mut RealAirflow) {
         panic!("the task's pod is not there");
     };
     real.create_pod(&duplicate(&original));
+}
+
+/// The `task_instance_id` a forged pod claims: a well-formed UUID that is no task
+/// instance's.
+pub const FORGED_TASK_INSTANCE_ID: &str = "6f0e8a52-1b7c-4c1e-9a51-3a5f0c2d9e11";
+/// The name suffix of the forged pod of [`Story::ForgedPod`].
+pub const FORGED_SUFFIX: &str = "-forged";
+
+/// (i) A copy of the running task's pod (its labels and annotations) claiming another task
+/// instance id, which fails after a few seconds.
+fn start_a_forged_pod_that_fails(real: &mut RealAirflow) {
+    let Some(original) = first_pod(real) else {
+        panic!("the task's pod is not there");
+    };
+    let mut forged = duplicate(&original);
+    forged["metadata"]["name"] = json!(format!(
+        "{}{FORGED_SUFFIX}",
+        original["metadata"]["name"].as_str().unwrap_or("pod")
+    ));
+    forged["metadata"]["annotations"]["task_instance_id"] = json!(FORGED_TASK_INSTANCE_ID);
+    real.create_pod(&forged);
 }
 
 /// The story task's first pod listed (the one an act works on), if there is one.

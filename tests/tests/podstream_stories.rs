@@ -13,7 +13,7 @@
 
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
-use podstream_tests::stories::{Story, ended_right, heading, play};
+use podstream_tests::stories::{FORGED_SUFFIX, Story, ended_right, heading, play};
 
 /// Plays `story` with podstream's executor; it must end right. Returns the stage.
 fn with_podstream(airflow: Airflow, story: Story) -> RealAirflow {
@@ -91,4 +91,51 @@ fn podstream_airflow_3_1_pod_deleted_while_down() {
 #[test]
 fn podstream_airflow_3_1_killed_after_taking_a_fail() {
     with_podstream(Airflow::line("3.1"), Story::KilledAfterTakingAFail);
+}
+
+// The same on Airflow 2.10, outside CI's time (`--include-ignored`).
+
+#[test]
+#[ignore = "the 2.x line of the while-down stories: --include-ignored (docs/stock-airflow.md)"]
+fn podstream_airflow_2_10_pod_dies_while_down() {
+    with_podstream(Airflow::line("2.10"), Story::DiesWhileDown);
+}
+
+#[test]
+#[ignore = "the 2.x line of the while-down stories: --include-ignored (docs/stock-airflow.md)"]
+fn podstream_airflow_2_10_task_succeeds_while_down() {
+    with_podstream(Airflow::line("2.10"), Story::SucceedsWhileDown);
+}
+
+#[test]
+#[ignore = "the 2.x line of the while-down stories: --include-ignored (docs/stock-airflow.md)"]
+fn podstream_airflow_2_10_pod_deleted_while_down() {
+    with_podstream(Airflow::line("2.10"), Story::DeletedWhileDown);
+}
+
+#[test]
+#[ignore = "the 2.x line of the while-down stories: --include-ignored (docs/stock-airflow.md)"]
+fn podstream_airflow_2_10_killed_after_taking_a_fail() {
+    with_podstream(Airflow::line("2.10"), Story::KilledAfterTakingAFail);
+}
+
+// Trust: a pod that copies the running task's labels and annotations under another
+// task_instance_id fails; podstream's sink and executor take it as foreign.
+
+#[test]
+fn podstream_airflow_3_1_forged_pod() {
+    let real = with_podstream(Airflow::line("3.1"), Story::ForgedPod);
+    // The first try ran to its end (with_podstream): the real pod was neither failed nor
+    // deleted. The forged pod is left as it is: nothing of podstream's may delete it.
+    let forged: Vec<String> = real
+        .pods()
+        .iter()
+        .filter(|pod| {
+            pod["metadata"]["name"]
+                .as_str()
+                .is_some_and(|name| name.ends_with(FORGED_SUFFIX))
+        })
+        .map(|pod| pod["status"]["phase"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(forged, ["Failed"], "{}", real.timeline());
 }
