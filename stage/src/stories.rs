@@ -133,10 +133,15 @@ impl Story {
     /// scheduler was down: a pod that died is adopted by the next scheduler, which learns
     /// that it failed, fails the try once and retries it; a deleted pod leaves nothing to
     /// adopt, so the next scheduler resets the orphaned TI and Airflow runs it again (try 2,
-    /// no failure callback), as it does with the stock executor.
-    pub fn right_ending(self) -> (&'static str, &'static [&'static str]) {
+    /// no failure callback), as it does with the stock executor. On Airflow 2 the deleted
+    /// pod's task process takes the SIGTERM as its own failure (try 1 `up_for_retry`, the
+    /// retry callback) before any scheduler runs, with either executor.
+    pub fn right_ending(self, airflow: Airflow) -> (&'static str, &'static [&'static str]) {
         match self {
             Story::DiesWhileDown | Story::KilledAfterTakingAFail => {
+                ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY])
+            }
+            Story::DeletedWhileDown if !airflow.is_3() => {
                 ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY])
             }
             Story::DeletedWhileDown => ("2", &[SUCCESS_ON_THE_SECOND_TRY]),
@@ -299,7 +304,7 @@ pub fn ended_right(real: &RealAirflow, state: &str, story: Story) -> Result<(), 
     if state != "success" {
         return Err(format!("the run ended {state}, not success"));
     }
-    let (last_try, callbacks) = story.right_ending();
+    let (last_try, callbacks) = story.right_ending(real.airflow);
     let task = story_ti(real).map(|(try_number, state, _)| (try_number, state));
     if task != Some((last_try.to_owned(), "success".to_owned())) {
         return Err(format!("try {last_try} did not run to its end: {task:?}"));
@@ -324,7 +329,11 @@ pub fn ended_right(real: &RealAirflow, state: &str, story: Story) -> Result<(), 
 /// a failed one: the adopting scheduler deletes the rest (`delete_worker_pods`, on by
 /// default) and keeps failed pods for their logs (`delete_worker_pods_on_failure`, off).
 fn pods_deleted(real: &RealAirflow, story: Story) -> Result<(), String> {
-    if !story.while_down() {
+    // Airflow 2 adopts no pod whose task instance has finished: a task that succeeded while
+    // its scheduler was down leaves its Succeeded pod to nobody (the stock executor's watcher
+    // sees only its own job's pods, so it leaves it too).
+    let left_by_airflow_2 = story == Story::SucceedsWhileDown && !real.airflow.is_3();
+    if !story.while_down() || left_by_airflow_2 {
         return Ok(());
     }
     let left: Vec<String> = real

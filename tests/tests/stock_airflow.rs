@@ -39,7 +39,7 @@ fn ends_as_with_podstream(airflow: Airflow, story: Story) {
         real.timeline(),
         real.failed_pods()
     );
-    let (_, callbacks) = story.right_ending();
+    let (_, callbacks) = story.right_ending(airflow);
     assert_eq!(real.markers(), callbacks, "{}", real.timeline());
 }
 
