@@ -283,7 +283,8 @@ pub async fn play(binary: &Path, kill: Kill) -> Recovery {
 }
 
 /// A burst: `tasks` running task instances whose pods all fail at once; `podstream run` is
-/// killed -9 `after` the burst began and started again at once, as a container restarts in
+/// killed -9 `after` the first half failed, the second half fails while it is down, and it
+/// starts again at once, as a container restarts in
 /// its pod (`in_pod`: `$POD_NAME` set, the same for both incarnations) or as a process does
 /// off Kubernetes (no `$POD_NAME`: a new Lease holder, which waits out the old one's Lease).
 #[derive(Debug, Clone, Copy)]
@@ -344,25 +345,27 @@ pub async fn play_burst(binary: &Path, burst: Burst) -> f64 {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     wait_for_commands(&db, burst.tasks as i64).await;
-    for name in &names {
+    // The first half fails, the process dies in the middle of deciding and applying it, and
+    // the second half fails while it is down: whatever the timing, the restarted process
+    // has failures to bring in.
+    let (first, second) = names.split_at(names.len() / 2);
+    for name in first {
         cluster
             .set_phase(NS, name, "Failed")
             .unwrap_or_else(|e| panic!("{e}"));
     }
     tokio::time::sleep(burst.after).await;
     run.kill();
+    for name in second {
+        cluster
+            .set_phase(NS, name, "Failed")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
     let restarted = Instant::now();
     run.restart();
     let deadline = restarted + Duration::from_secs(120);
     loop {
-        let retried: i64 = sqlx::query(
-            "SELECT COUNT(*) FROM task_instance WHERE dag_id = ? AND state = 'up_for_retry'",
-        )
-        .bind(DAG)
-        .fetch_one(&db.pool)
-        .await
-        .and_then(|row| row.try_get(0))
-        .unwrap_or(0);
+        let retried = retried_now(&db).await;
         if retried == burst.tasks as i64 {
             break;
         }
@@ -374,11 +377,22 @@ pub async fn play_burst(binary: &Path, burst: Burst) -> f64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let seconds = restarted.elapsed().as_secs_f64();
+    let status = run.terminate();
     assert!(
-        run.terminate().success(),
-        "podstream run exits 0 on SIGTERM"
+        status.success(),
+        "podstream run exits 0 on SIGTERM: {status:?} ({burst:?})"
     );
     seconds
+}
+
+/// Task instances of the DAG up for retry now (-1 when the query fails).
+async fn retried_now(db: &Database) -> i64 {
+    sqlx::query("SELECT COUNT(*) FROM task_instance WHERE dag_id = ? AND state = 'up_for_retry'")
+        .bind(DAG)
+        .fetch_one(&db.pool)
+        .await
+        .and_then(|row| row.try_get(0))
+        .unwrap_or(-1)
 }
 
 /// Waits until the sink's consumer has a command delivered and not acked (at most 60 s).
