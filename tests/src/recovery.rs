@@ -108,22 +108,56 @@ fn now() -> f64 {
         .unwrap_or_default()
 }
 
+/// What a round plays on: the simulator (beside the directory of its kubeconfig), a
+/// nats-server and an Airflow 2.10 SQLite database made by its migrations, holding one
+/// running task instance per task.
+struct Ground {
+    sim: Server,
+    dir: tempfile::TempDir,
+    nats: NatsServer,
+    target: AirflowDb,
+    db: Database,
+}
+
+impl Ground {
+    /// Starts it, the task instances seeded with `max_tries`.
+    async fn lay(tasks: &[&str], max_tries: i64) -> Ground {
+        let (sim, dir) = simulator().await;
+        let nats = NatsServer::start();
+        let target = AirflowDb::sqlite(Airflow::oldest());
+        let db = Database::connect(&target.url)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let tis: Vec<SeedTi<'_>> = tasks
+            .iter()
+            .map(|t| SeedTi::running(t, max_tries))
+            .collect();
+        db.seed(DAG, RUN, &tis)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        Ground {
+            sim,
+            dir,
+            nats,
+            target,
+            db,
+        }
+    }
+}
+
 /// Plays one round with the `podstream` at `binary`.
 ///
 /// # Panics
 /// When the database does not end right, or a command was applied twice.
 pub async fn play(binary: &Path, kill: Kill) -> Recovery {
-    let (sim, dir) = simulator().await;
+    let Ground {
+        sim,
+        dir,
+        nats,
+        target,
+        db,
+    } = Ground::lay(&TASKS, 1).await;
     let kubeconfig = dir.path().join("kubeconfig");
-    let nats = NatsServer::start();
-    let target = AirflowDb::sqlite(Airflow::oldest());
-    let db = Database::connect(&target.url)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let tis: Vec<SeedTi<'_>> = TASKS.iter().map(|t| SeedTi::running(t, 1)).collect();
-    db.seed(DAG, RUN, &tis)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
 
     let url = nats.url();
     let ack_wait = kill.ack_wait_seconds.to_string();
@@ -303,18 +337,16 @@ pub struct Burst {
 /// # Panics
 /// When the task instances do not all end `up_for_retry` within 120 s.
 pub async fn play_burst(binary: &Path, burst: Burst) -> f64 {
-    let (sim, dir) = simulator().await;
-    let kubeconfig = dir.path().join("kubeconfig");
-    let nats = NatsServer::start();
-    let target = AirflowDb::sqlite(Airflow::oldest());
-    let db = Database::connect(&target.url)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
     let names: Vec<String> = (0..burst.tasks).map(|i| format!("burst-{i:03}")).collect();
-    let tis: Vec<SeedTi<'_>> = names.iter().map(|t| SeedTi::running(t, 2)).collect();
-    db.seed(DAG, RUN, &tis)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let tasks: Vec<&str> = names.iter().map(String::as_str).collect();
+    let Ground {
+        sim,
+        dir,
+        nats,
+        target,
+        db,
+    } = Ground::lay(&tasks, 2).await;
+    let kubeconfig = dir.path().join("kubeconfig");
     let url = nats.url();
     let env: &[(&str, &str)] = if burst.in_pod {
         &[("POD_NAME", "podstream-run-0")]

@@ -62,39 +62,35 @@ fn apply(db_url: &str, input: &str) -> (String, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn apply_twice_is_apply_once() {
-    let db = AirflowDb::sqlite(Airflow::line("3.1"));
-    let seed = [
-        SeedTi {
-            task_id: "extract",
-            map_index: -1,
-            state: Some("running"),
-            try_number: 1,
-            max_tries: 1,
-        },
-        SeedTi {
-            task_id: "load",
-            map_index: -1,
-            state: Some("queued"),
-            try_number: 1,
-            max_tries: 1,
-        },
-    ];
-    let database = podstream_sink::Database::connect(&db.url).await.unwrap();
-    for statement in db.seed_sql("etl", "r1", &seed) {
-        sqlx::query(&statement)
-            .execute(&database.pool)
-            .await
-            .unwrap();
-    }
-    database.pool.close().await;
-    let fail = Kind::Fail(Fail {
+/// A running TI `extract` and a queued TI `load`, both on try 1 of job 1.
+const SEED: [SeedTi<'static>; 2] = [
+    SeedTi {
+        task_id: "extract",
+        map_index: -1,
+        state: Some("running"),
+        try_number: 1,
+        max_tries: 1,
+    },
+    SeedTi {
+        task_id: "load",
+        map_index: -1,
+        state: Some("queued"),
+        try_number: 1,
+        max_tries: 1,
+    },
+];
+
+fn pod_failed() -> Kind {
+    Kind::Fail(Fail {
         reason: "pod_failed".into(),
         ..Fail::default()
-    });
-    let input = [
-        line("a", "extract", fail.clone()),
+    })
+}
+
+/// `extract`'s pod failed (command `a`) and `load`'s moved from job 1 to 2 (command `b`).
+fn fail_and_transfer() -> [String; 2] {
+    [
+        line("a", "extract", pod_failed()),
         line(
             "b",
             "load",
@@ -103,7 +99,25 @@ async fn apply_twice_is_apply_once() {
                 to: "2".into(),
             }),
         ),
-        line("c", "missing", fail),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_twice_is_apply_once() {
+    let db = AirflowDb::sqlite(Airflow::line("3.1"));
+    let database = podstream_sink::Database::connect(&db.url).await.unwrap();
+    for statement in db.seed_sql("etl", "r1", &SEED) {
+        sqlx::query(&statement)
+            .execute(&database.pool)
+            .await
+            .unwrap();
+    }
+    database.pool.close().await;
+    let [fail_extract, transfer_load] = fail_and_transfer();
+    let input = [
+        fail_extract,
+        transfer_load,
+        line("c", "missing", pod_failed()),
         r#"{"kind":"invalid","error":"not JSON"}"#.to_owned(),
         "{ broken".to_owned(),
     ]
@@ -152,48 +166,14 @@ fn documented_grants() -> String {
 async fn apply_works_under_a_role_with_only_the_documented_grants() {
     let cluster = podstream_tests::postgres::PgCluster::start();
     let db = AirflowDb::postgres(Airflow::line("3.1"), &cluster, "airflow");
-    let seed = [
-        SeedTi {
-            task_id: "extract",
-            map_index: -1,
-            state: Some("running"),
-            try_number: 1,
-            max_tries: 1,
-        },
-        SeedTi {
-            task_id: "load",
-            map_index: -1,
-            state: Some("queued"),
-            try_number: 1,
-            max_tries: 1,
-        },
-    ];
-    for statement in db.seed_sql("etl", "r1", &seed) {
+    for statement in db.seed_sql("etl", "r1", &SEED) {
         cluster.query("airflow", &statement);
     }
     cluster.query("airflow", &documented_grants());
     let as_podstream = db
         .url
         .replacen("postgres://postgres@", "postgres://podstream@", 1);
-    let input = [
-        line(
-            "a",
-            "extract",
-            Kind::Fail(Fail {
-                reason: "pod_failed".into(),
-                ..Fail::default()
-            }),
-        ),
-        line(
-            "b",
-            "load",
-            Kind::Transfer(Transfer {
-                from: "1".into(),
-                to: "2".into(),
-            }),
-        ),
-    ]
-    .join("\n");
+    let input = fail_and_transfer().join("\n");
     let (summary, errors) = apply(&as_podstream, &input);
     assert_eq!(summary, "applied 2, skipped 0, dead-lettered 0", "{errors}");
     assert_eq!(
