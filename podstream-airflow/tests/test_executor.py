@@ -71,6 +71,15 @@ async def _pending(url: str, consumer: str, **login) -> tuple:
     return info.num_pending, info.num_ack_pending
 
 
+async def _inactive_threshold(url: str, consumer: str) -> float:
+    import nats
+
+    client = await nats.connect(url)
+    info = await client.jetstream().consumer_info(STREAM, consumer)
+    await client.close()
+    return info.config.inactive_threshold
+
+
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A simulator and a nats-server, and Airflow configured to use them."""
@@ -202,6 +211,20 @@ def test_the_hold_hook_holds_the_loop_once_after_a_fail_is_taken(world, make_com
         taker.join(timeout=1)
         assert taker.is_alive(), "the loop is held after the fail was taken"
         assert not (tmp_path / "hold").exists(), "the hook holds once"
+    finally:
+        executor.end()
+
+
+def test_a_dead_schedulers_consumer_goes_after_its_inactivity_threshold(world):
+    """NATS removes a scheduler's consumer a day after the scheduler last pulled: a dead
+    scheduler's job id leaves nothing behind on the bus."""
+    from podstream_airflow.consumer import INACTIVE_THRESHOLD_SECONDS
+
+    executor = started_executor()
+    try:
+        wait_for(executor.podstream.connected.is_set, what="the consumer")
+        threshold = run(_inactive_threshold(world.url, "podstream-airflow-7"))
+        assert threshold == INACTIVE_THRESHOLD_SECONDS == 24 * 3600
     finally:
         executor.end()
 
