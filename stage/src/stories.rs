@@ -582,6 +582,11 @@ pub fn detection_seconds(timeline: &str) -> Option<f64> {
             let Some((name, event)) = pod.split_once(": ") else {
                 continue;
             };
+            // Only worker pods count: the watch also shows objects without the label
+            // (`airflow-worker=-`), such as podstream's own.
+            if event.contains("airflow-worker=-") {
+                continue;
+            }
             let first = *first_pod.get_or_insert(name);
             let over = event.starts_with("DELETED")
                 || event.contains(" Failed")
@@ -616,7 +621,7 @@ mod tests {
 
     #[test]
     fn detection_is_read_from_the_first_pods_end_to_the_next_ti_change() {
-        let table: [(&str, Option<f64>); 4] = [
+        let table: [(&str, Option<f64>); 5] = [
             // The pod failed at 21.5 s; the TI changed at 44.0 s.
             (DIES, Some(22.5)),
             // The task reported success before its pod ended: nothing was detected.
@@ -634,6 +639,14 @@ mod tests {
   8.0s  pod p-works-a: DELETED Running, airflow-worker=1
   9.25s  TI works try 1: none (queued_by_job_id 1)",
                 Some(1.25),
+            ),
+            // An object without the worker label before the first pod is not the first pod.
+            (
+                "  5.3s  pod podstream-ingest: MODIFIED -, airflow-worker=-
+  6.0s  pod p-works-a: MODIFIED Running, airflow-worker=1
+  8.0s  pod p-works-a: MODIFIED Failed, airflow-worker=1
+  9.5s  TI works try 1: up_for_retry (queued_by_job_id 1)",
+                Some(1.5),
             ),
             // The pod never ended.
             (
