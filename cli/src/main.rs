@@ -6,6 +6,7 @@ mod decide;
 mod demo;
 mod demo_airflow;
 mod demo_watcher;
+mod exit_code;
 mod ingest;
 mod json_stream;
 mod kube_args;
@@ -40,7 +41,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Airflow worker-pod events as a stream: ingest, decide, apply.
 #[derive(Debug, Parser)]
-#[command(name = "podstream", version, about, long_about = None)]
+#[command(name = "podstream", version, about, long_about = None, after_help = EXIT_STATUS)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -49,6 +50,12 @@ struct Cli {
     #[arg(long, global = true, env = "PODSTREAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
 }
+
+/// What `--help` says of the exit status (`exit_code.rs` decides it).
+const EXIT_STATUS: &str = "Exit status: 0 success; 1 failure; 2 usage (a flag or value clap refuses); \
+65 data (the database is not an Airflow one podstream works on); 69 unavailable (nats-server \
+missing or older than 2.11, the database refusing); 78 configuration (a URL, credential, secret \
+file or kubeconfig that is wrong).";
 
 /// How log lines are written to standard error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -114,7 +121,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("podstream: {err:#}");
-            ExitCode::FAILURE
+            exit_code::Exit::of(&err).into()
         }
     }
 }

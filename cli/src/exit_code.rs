@@ -1,0 +1,119 @@
+//! The exit status of a failed command, by what failed: a script or an orchestrator can tell
+//! a mistake in its own configuration (do not restart) from a service that is away (retry
+//! later) without reading the message. The numbers are BSD's `sysexits.h`, which other tools
+//! use too; clap itself exits 2 on a usage error.
+
+use std::process::ExitCode;
+
+use podstream_bus::connect::ConnectError;
+use podstream_bus::local_server::LocalServerError;
+use podstream_sink::db::DbError;
+
+/// Why a command ended without success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Anything not classified below.
+    Failure = 1,
+    /// The database is not one podstream can work on (not Airflow's, an unknown schema).
+    Data = 65,
+    /// A service the command needs cannot be used: nats-server missing or too old, the
+    /// database or the Kubernetes API refusing what podstream asked.
+    Unavailable = 69,
+    /// The command's configuration is wrong: a URL that names nothing, credentials refused,
+    /// a secret file that cannot be read, a kubeconfig that does not load.
+    Config = 78,
+}
+
+impl Exit {
+    /// The class of `error`, from the first error of its chain that has one.
+    pub fn of(error: &anyhow::Error) -> Exit {
+        error
+            .chain()
+            .find_map(|cause| {
+                if let Some(error) = cause.downcast_ref::<ConnectError>() {
+                    return Some(match error {
+                        ConnectError::ServerTooOld { .. } => Exit::Unavailable,
+                        ConnectError::File { .. }
+                        | ConnectError::Refused { .. }
+                        | ConnectError::Tls { .. }
+                        | ConnectError::Url { .. } => Exit::Config,
+                    });
+                }
+                if let Some(error) = cause.downcast_ref::<DbError>() {
+                    return Some(match error {
+                        DbError::Scheme(_) | DbError::Url(..) => Exit::Config,
+                        DbError::NotAirflow(_) | DbError::UnknownSchema(_) => Exit::Data,
+                    });
+                }
+                if cause.is::<LocalServerError>() || cause.is::<sqlx::Error>() {
+                    return Some(Exit::Unavailable);
+                }
+                if cause.is::<kube::config::InferConfigError>()
+                    || cause.is::<kube::config::KubeconfigError>()
+                {
+                    return Some(Exit::Config);
+                }
+                None
+            })
+            .unwrap_or(Exit::Failure)
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Exit;
+    use podstream_bus::connect::ConnectError;
+    use podstream_bus::local_server::LocalServerError;
+    use podstream_sink::db::DbError;
+
+    /// Each class from the error that decides it, however deep in the chain.
+    #[test]
+    fn an_error_exits_with_its_class() {
+        let table: [(anyhow::Error, Exit); 7] = [
+            (
+                anyhow::Error::new(DbError::Url("x".into(), "no".into())).context("starting"),
+                Exit::Config,
+            ),
+            (
+                anyhow::Error::new(ConnectError::Url {
+                    server: "x".into(),
+                    reason: "no".into(),
+                }),
+                Exit::Config,
+            ),
+            (
+                anyhow::Error::new(ConnectError::ServerTooOld {
+                    servers: "x".into(),
+                    version: "2.10.0".into(),
+                }),
+                Exit::Unavailable,
+            ),
+            (
+                anyhow::Error::new(LocalServerError::Spawn {
+                    binary: "nats-server".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                })
+                .context("starting the local nats-server"),
+                Exit::Unavailable,
+            ),
+            (
+                anyhow::Error::new(DbError::NotAirflow("no table".into())),
+                Exit::Data,
+            ),
+            (
+                anyhow::Error::new(sqlx::Error::PoolTimedOut).context("applying"),
+                Exit::Unavailable,
+            ),
+            (anyhow::anyhow!("a story did not end right"), Exit::Failure),
+        ];
+        for (error, exit) in table {
+            assert_eq!(Exit::of(&error), exit, "{error:#}");
+        }
+    }
+}
