@@ -310,17 +310,25 @@ impl JsonForm {
 /// Python's default `json.dumps`: a space after each `:` and `,`.
 struct PythonDefault;
 
+/// `, ` before every element of an array or an object but the first.
+fn python_separator<W: ?Sized + std::io::Write>(
+    writer: &mut W,
+    first: bool,
+) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        writer.write_all(b", ")
+    }
+}
+
 impl serde_json::ser::Formatter for PythonDefault {
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        python_separator(writer, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -328,11 +336,7 @@ impl serde_json::ser::Formatter for PythonDefault {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        python_separator(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(
