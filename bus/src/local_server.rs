@@ -135,18 +135,12 @@ impl LocalServer {
         let file = dir.join(TOKEN_CONFIG);
         write_private(&file, &format!("authorization {{ token: \"{token}\" }}\n"))?;
         write_private(&dir.join(TOKEN_FILE), &format!("{token}\n"))?;
-        let mut server = LocalServer {
-            child: None,
-            port,
-            dir: dir.to_owned(),
-            binary: binary.to_owned(),
-            config: Some(ServerConfig {
-                file,
-                env: Vec::new(),
-            }),
-            token: Some(token),
+        let config = ServerConfig {
+            file,
+            env: Vec::new(),
         };
-        server.launch()?;
+        let mut server = LocalServer::start_configured(binary, dir, port, Some(config))?;
+        server.token = Some(token);
         Ok(server)
     }
 
