@@ -123,19 +123,24 @@ impl RawBlock {
     /// A pretty-printed value that opens on the line at `start` (a lone `{`): where it ends
     /// (past the newline of its lone closing `}` at the line's start) and how many lines it
     /// spans, when that is in the block and within `limit` bytes. Inside a value a raw
-    /// newline is never in a string, so a line that is `}` alone closes the top-level value.
+    /// newline is never in a string and nested brackets are indented, so the first line that
+    /// is `}` alone closes the top-level value: one search finds it, not one per line.
     fn pretty_value(&self, start: usize, limit: usize) -> Option<(usize, usize)> {
-        let mut end = self.line_end(start)?;
-        let mut lines = 1;
-        while end - start <= limit {
-            let next = self.line_end(end)?;
-            lines += 1;
-            if self.bytes[end..next].trim_ascii_end() == b"}" {
+        let within = self.bytes.len().min(start.saturating_add(limit).saturating_add(1));
+        let mut from = start;
+        loop {
+            let closer = from + closing_line(&self.bytes[from..within])? + 1;
+            let next = self.line_end(closer)?;
+            if next > within {
+                return None;
+            }
+            if self.bytes[closer..next].trim_ascii_end() == b"}" {
+                let lines = memchr::memchr_iter(b'\n', &self.bytes[start..next]).count()
+                    + usize::from(self.bytes[next - 1] != b'\n');
                 return Some((next, lines));
             }
-            end = next;
+            from = closer;
         }
-        None
     }
 
     /// Projects every value of the block that may be one object: a whole line, or a
@@ -175,6 +180,13 @@ impl RawBlock {
             projected,
         }
     }
+}
+
+/// Where the next line that starts with `}` begins in `bytes`, less one (at its newline).
+fn closing_line(bytes: &[u8]) -> Option<usize> {
+    static CLOSER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\n}"));
+    CLOSER.find(bytes)
 }
 
 /// The deciding thread's side: the input in order, as one buffered reader.

@@ -73,14 +73,21 @@ impl<'a> Scan<'a> {
 
     /// The next byte that is not whitespace, not consumed.
     fn peek(&mut self) -> Option<u8> {
+        const SPACES: u64 = u64::from_ne_bytes([b' '; 8]);
         let bytes = self.bytes();
-        while let Some(&byte) = bytes.get(self.at) {
+        loop {
+            let byte = *bytes.get(self.at)?;
             if !matches!(byte, b' ' | b'\n' | b'\r' | b'\t') {
                 return Some(byte);
             }
             self.at += 1;
+            // Pretty-printed text indents every line: its spaces eight at a time.
+            while let Some(chunk) = bytes[self.at..].first_chunk::<8>()
+                && u64::from_ne_bytes(*chunk) == SPACES
+            {
+                self.at += 8;
+            }
         }
-        None
     }
 
     fn eat(&mut self, byte: u8) -> Step<()> {

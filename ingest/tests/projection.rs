@@ -603,6 +603,11 @@ fn the_lean_reader_takes_every_json_form_and_agrees_with_the_generic_path() {
             spaced(&event, &[String::new(), " ".into()]),
             serde_json::to_string_pretty(&event).unwrap(),
             spaced(&event, &["\r\n\t ".into()]),
+            // Runs longer than a word of spaces, ending in and mixed with other whitespace.
+            spaced(
+                &event,
+                &[" ".repeat(8), format!("\n{}", " ".repeat(17)), "\t        \r".into()],
+            ),
         ];
         for text in forms {
             let lean = project_watch_event(&text);
