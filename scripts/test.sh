@@ -25,18 +25,22 @@ done
 ((busy_cores)) && echo "test.sh: $busy_cores core(s) kept busy for the run"
 
 scripts/setup.sh
+# The production binary first (deploy/Dockerfile's features: no demo, no simulator, no stage),
+# kept beside the other; the full build below then puts the workspace's own binary back.
+cargo build -p podstream-cli --no-default-features
+target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+cp "$target/debug/podstream" "$target/debug/podstream-production"
 # Build every target first, the `podstream` binary among them, in one
 # invocation: the binary then shares the test build's dependencies (same
 # feature set) and the end-to-end tests run it instead of building a second
 # copy of the dependency graph for it.
 cargo build --workspace --all-targets
-target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
 
 # The servers a test may start: whatever of these outlives the run was left behind.
 servers='postgres|nats-server|podstream|airflow|gunicorn|uvicorn'
 before="$(pgrep -d ' ' -f "$servers" || true)"
 status=0
-PODSTREAM_BIN="$target/debug/podstream" \
+PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production" \
     cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
 
 # A test's PostgreSQL is stopped by a watcher within a second of its process ending.

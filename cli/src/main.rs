@@ -3,8 +3,11 @@
 mod apply;
 mod db_args;
 mod decide;
+#[cfg(feature = "test-world")]
 mod demo;
+#[cfg(feature = "test-world")]
 mod demo_airflow;
+#[cfg(feature = "test-world")]
 mod demo_watcher;
 mod exit_code;
 mod ingest;
@@ -20,6 +23,7 @@ mod replay;
 mod retention_args;
 mod run;
 mod signal;
+#[cfg(feature = "test-world")]
 mod sim;
 mod sink;
 mod spark_args;
@@ -80,6 +84,7 @@ enum Command {
     /// Apply commands from JetStream to an Airflow metadata DB.
     Sink(sink::SinkArgs),
     /// Play the seed stories end to end on embedded parts and report (exit 0 if all end right).
+    #[cfg(feature = "test-world")]
     Demo(demo::DemoArgs),
     /// Print the history of pod events and commands; --decide compares with today's rules.
     Replay(replay::ReplayArgs),
@@ -88,6 +93,7 @@ enum Command {
     /// Print pod events and commands as they happen.
     Tail(tail::TailArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
+    #[cfg(feature = "test-world")]
     Sim(sim::SimArgs),
 }
 
@@ -107,11 +113,13 @@ fn main() -> ExitCode {
     }
     let result = match &cli.command {
         Command::Decide(args) => decide::run(args).map(|_| ()),
+        #[cfg(feature = "test-world")]
         Command::Sim(args) => sim::run(args),
         Command::Ingest(args) => ingest::run(args),
         Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
+        #[cfg(feature = "test-world")]
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Run(args) => run::run(args),

@@ -126,7 +126,10 @@ impl RawBlock {
     /// newline is never in a string and nested brackets are indented, so the first line that
     /// is `}` alone closes the top-level value: one search finds it, not one per line.
     fn pretty_value(&self, start: usize, limit: usize) -> Option<(usize, usize)> {
-        let within = self.bytes.len().min(start.saturating_add(limit).saturating_add(1));
+        let within = self
+            .bytes
+            .len()
+            .min(start.saturating_add(limit).saturating_add(1));
         let mut from = start;
         loop {
             let closer = from + closing_line(&self.bytes[from..within])? + 1;

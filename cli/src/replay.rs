@@ -287,6 +287,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 }
 
 /// The whole history as a timeline: what `podstream demo --html` draws.
+#[cfg(feature = "test-world")]
 pub async fn timeline_of(js: &jetstream::Context, subjects: &Subjects) -> anyhow::Result<Timeline> {
     let mut history = History::open(js, subjects, Position::Sequence(1), None).await?;
     let mut timeline = Timeline::new();

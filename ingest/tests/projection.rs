@@ -606,7 +606,11 @@ fn the_lean_reader_takes_every_json_form_and_agrees_with_the_generic_path() {
             // Runs longer than a word of spaces, ending in and mixed with other whitespace.
             spaced(
                 &event,
-                &[" ".repeat(8), format!("\n{}", " ".repeat(17)), "\t        \r".into()],
+                &[
+                    " ".repeat(8),
+                    format!("\n{}", " ".repeat(17)),
+                    "\t        \r".into(),
+                ],
             ),
         ];
         for text in forms {
