@@ -11,7 +11,9 @@
 //!    (compact, Python's default `json.dumps`, kubectl's pretty print), wall clock and peak
 //!    resident memory (of the process alone: a wrapper process, this bench's own binary,
 //!    waits for it and reads its rusage); every form must decide to the same output;
-//! 4. the ratio per form, and `decide`'s peak resident memory over 200,000 events.
+//! 4. the ratio per form, and `decide`'s peak resident memory over 200,000 events;
+//! 5. the floor under any reader of each form: serde_json reading the file's values into
+//!    nothing (`IgnoredAny`), one thread, in this process.
 //!
 //! Rounds alternate between the two, so a slow moment of the machine hits both.
 //! `... --bench decide_vs_airflow -- --write-events FILE N` only writes N such events. Without
@@ -241,6 +243,19 @@ fn airflow_watcher(airflow: Airflow, home: &Path, events: &Path) -> (Run, Value)
     (run, report)
 }
 
+/// Events per second of serde_json reading `path`'s values into nothing, one thread: what
+/// merely reading that form as JSON costs, file read included.
+fn read_only_rate(path: &Path, events: usize) -> f64 {
+    let start = Instant::now();
+    let bytes = std::fs::read(path).unwrap();
+    let values = serde_json::Deserializer::from_slice(&bytes)
+        .into_iter::<serde::de::IgnoredAny>()
+        .map(Result::unwrap)
+        .count();
+    assert_eq!(values, events, "{} holds every event", path.display());
+    events as f64 / start.elapsed().as_secs_f64()
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -288,6 +303,7 @@ fn main() {
 
     let mut airflow_rates = Vec::new();
     let mut form_rates: Vec<Vec<f64>> = vec![Vec::new(); forms.len()];
+    let mut floor_rates: Vec<Vec<f64>> = vec![Vec::new(); forms.len()];
     let mut versions = Value::Null;
     for round in 1..=rounds {
         let (run, report) = airflow_watcher(airflow, dir.path(), &file);
@@ -304,7 +320,11 @@ fn main() {
         airflow_rates.push(airflow_rate);
         versions = json!({"airflow": report["airflow"], "provider": report["provider"]});
         let mut outputs = Vec::new();
-        for ((form, path), rates) in forms.iter().zip(&mut form_rates) {
+        for (((form, path), rates), floors) in
+            forms.iter().zip(&mut form_rates).zip(&mut floor_rates)
+        {
+            let floor = read_only_rate(path, events);
+            floors.push(floor);
             let (run, commands) = decide(&binary, path);
             assert!(commands > 0, "decide wrote commands");
             outputs.push(std::fs::read(path.with_extension("out")).unwrap());
@@ -312,10 +332,12 @@ fn main() {
             rates.push(rate);
             println!(
                 "round {round}, {}: Airflow's watcher {airflow_rate:.0} events/s, podstream \
-                 decide {rate:.0} events/s ({commands} commands, peak {:.1} MB): {:.1}x",
+                 decide {rate:.0} events/s ({commands} commands, peak {:.1} MB): {:.1}x; \
+                 serde_json reading it alone {floor:.0} events/s ({:.1}x)",
                 form.name(),
                 run.peak_rss_mb,
                 rate / airflow_rate,
+                floor / airflow_rate,
             );
         }
         assert!(
@@ -324,15 +346,18 @@ fn main() {
         );
     }
     let airflow_rate = median(airflow_rates);
-    for ((form, _), rates) in forms.iter().zip(form_rates) {
+    for (((form, _), rates), floors) in forms.iter().zip(form_rates).zip(floor_rates) {
         let rate = median(rates);
+        let floor = median(floors);
         println!(
             "median, {}: Airflow's watcher ({} with provider {}) {airflow_rate:.0} events/s, \
-             podstream decide {rate:.0} events/s: {:.1}x",
+             podstream decide {rate:.0} events/s: {:.1}x; serde_json reading it alone, one \
+             thread, {floor:.0} events/s ({:.1}x)",
             form.name(),
             versions["airflow"],
             versions["provider"],
-            rate / airflow_rate
+            rate / airflow_rate,
+            floor / airflow_rate,
         );
     }
 
