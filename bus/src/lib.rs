@@ -7,6 +7,7 @@
 //!   server answers, and URLs redacted wherever they are shown.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
+//! - [`start`]: a component's start on the bus: connect, then make its streams ready.
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
 //! - [`in_flight`]: the messages a stage holds unacked, kept from redelivery with progress
 //!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
@@ -24,6 +25,7 @@ pub mod in_flight;
 pub mod local_server;
 pub mod metrics;
 pub mod role;
+pub mod start;
 pub mod streams;
 
 pub use backoff::Backoff;
@@ -31,4 +33,5 @@ pub use config::BusConfig;
 pub use connect::{NatsCredentials, NatsSecurity, NatsTls, connect};
 pub use health::{Condition, Health};
 pub use in_flight::{Held, InFlight, Inbox};
+pub use start::{OnTheBus, StartError, start};
 pub use streams::{StreamError, StreamSettings};

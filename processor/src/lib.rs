@@ -11,24 +11,28 @@
 //! - [`processor`]: [`Processor`], the in-process shell, and [`StateStore`]: where its task
 //!   records live ([`MemoryStore`]).
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
-//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream;
-//!   [`task_lanes`]: which events of which TI it decides next.
+//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream (start-up,
+//!   the consumer loop, deciding a TI's events); [`task_lanes`]: which events of which TI it
+//!   decides next; [`pinned`]: one instance per consumer; [`publish`](mod@publish): commands
+//!   onto JetStream; [`stats`]: what it did.
 //! - [`spark`]: which Spark driver pod drives a job (its SparkApplication's word, else
-//!   `find_spark_job`'s order), and the records it keeps; [`spark_service`]: their consumer
+//!   `find_spark_job`'s order), and the records it keeps; [`spark::service`]: their consumer
 //!   and KV bucket (`--spark`).
 
 pub mod command;
 pub mod decide;
 pub mod duplicates;
 pub mod order;
+pub mod pinned;
 pub mod processor;
+pub mod publish;
 pub mod record;
 pub mod record_cache;
 pub mod rules;
 pub mod service;
 pub mod spark;
-pub mod spark_service;
 pub mod state;
+pub mod stats;
 pub mod task_lanes;
 
 pub use command::TaskCommand;

@@ -41,7 +41,7 @@ fn the_package_reads_the_spark_bucket_the_processor_writes() {
     .unwrap();
     let default = format!(
         "DEFAULT_SPARK_BUCKET = \"{}\"",
-        podstream_processor::spark_service::DEFAULT_SPARK_BUCKET
+        podstream_processor::spark::service::DEFAULT_SPARK_BUCKET
     );
     assert!(config.contains(&default), "config.py lacks {default}");
 }

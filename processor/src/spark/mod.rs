@@ -12,6 +12,8 @@
 //! [`ApplicationRecord`] keeps what its SparkApplication says. [`SparkJobs`] holds them in
 //! memory for `decide`; the processor's Spark consumer keeps them in KV.
 
+pub mod service;
+
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;

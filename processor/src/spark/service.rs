@@ -14,12 +14,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer::pull, kv, stream};
+use async_nats::jetstream::{self, AckKind, kv, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 use podstream_bus::dead::{self, DeadLetter};
-use podstream_bus::{Backoff, Condition, Health};
-use podstream_proto::subject::{Stage, Subjects};
+use podstream_bus::streams;
+use podstream_bus::{Backoff, Condition, Health, StreamSettings};
+use podstream_proto::subject::{Stage, Stream, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkApplication, SparkDriver, SparkEvent};
 use prost::Message as _;
@@ -27,16 +28,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use crate::service::{ProcessStats, publish};
-use crate::spark::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
+use super::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
+use crate::pinned::{self, PRIORITY_GROUP, Pinned};
+use crate::publish::publish;
+use crate::stats::ProcessStats;
 
 /// The KV bucket of Spark records by default.
 pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";
 /// The role in the name of a prefix's Spark bucket (`<prefix>-spark`).
 pub const SPARK_ROLE: &str = "spark";
-
-/// The priority group the Spark consumer is pulled in, as the pod consumers are.
-const PRIORITY_GROUP: &str = "podstream";
 
 /// Why handling an event must be tried again.
 #[derive(Debug, thiserror::Error)]
@@ -51,16 +51,82 @@ enum Retry {
     Publish(String),
 }
 
-/// The Spark consumer's parts.
-pub(crate) struct SparkWorker {
-    pub js: jetstream::Context,
-    pub subjects: Subjects,
-    pub records: kv::Store,
-    pub health: Health,
+/// The Spark consumer: its stream, its pinned consumer and what deciding needs. The one seam
+/// between the processor's service and Spark: [`SparkConsumer::start`] and
+/// [`SparkConsumer::run`].
+pub struct SparkConsumer {
+    stream: jetstream::stream::Stream,
+    consumer: jetstream::consumer::PullConsumer,
+    worker: SparkWorker,
+}
+
+impl SparkConsumer {
+    /// The Spark stream made ready (`settings`), its bucket of records opened and the pinned
+    /// consumer `pinned` bound.
+    pub async fn start(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        settings: &StreamSettings,
+        bucket: &str,
+        pinned: Pinned<'_>,
+        health: Health,
+    ) -> anyhow::Result<SparkConsumer> {
+        let wanted = streams::stream_config(subjects, Stream::Spark, settings);
+        let spark = streams::ensure(js, wanted).await?;
+        let records = open_spark_bucket(js, bucket, &spark).await?;
+        let stream = streams::while_unavailable(&spark.name, || js.get_stream(&spark.name))
+            .await
+            .map_err(|error| anyhow::anyhow!("opening the Spark stream: {error}"))?;
+        let consumer = pinned::bind(&stream, pinned).await?;
+        let worker = SparkWorker {
+            js: js.clone(),
+            subjects: subjects.clone(),
+            records,
+            health,
+        };
+        Ok(SparkConsumer {
+            stream,
+            consumer,
+            worker,
+        })
+    }
+
+    /// Pulls until `stopped`, pulling again after a failure, then lets the pin go.
+    pub async fn run(
+        &self,
+        failover: Duration,
+        stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> ProcessStats {
+        let mut stats = ProcessStats::default();
+        let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+        while !*stopped.borrow() {
+            match self
+                .worker
+                .consume(&self.consumer, failover, stopped.clone(), &mut stats)
+                .await
+            {
+                Ok(()) => break,
+                Err(error) => {
+                    warn!(%error, "pulling Spark events failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+        pinned::release(&self.stream, &self.consumer).await;
+        stats
+    }
+}
+
+/// What deciding Spark events needs.
+struct SparkWorker {
+    js: jetstream::Context,
+    subjects: Subjects,
+    records: kv::Store,
+    health: Health,
 }
 
 /// The bucket of Spark records, kept as long and as replicated as the Spark stream.
-pub(crate) async fn open_spark_bucket(
+async fn open_spark_bucket(
     js: &jetstream::Context,
     bucket: &str,
     spark: &stream::Config,
@@ -75,7 +141,7 @@ pub(crate) async fn open_spark_bucket(
         num_replicas: spark.num_replicas,
         ..Default::default()
     };
-    podstream_bus::streams::bucket(js, wanted)
+    streams::bucket(js, wanted)
         .await
         .map_err(|error| anyhow::anyhow!("opening KV bucket {bucket}: {error}"))
 }
@@ -88,7 +154,7 @@ struct Stored<T> {
 
 impl SparkWorker {
     /// Pulls `consumer` one event at a time until `stopped`.
-    pub(crate) async fn consume(
+    async fn consume(
         &self,
         consumer: &jetstream::consumer::PullConsumer,
         failover: Duration,
@@ -355,37 +421,4 @@ impl SparkWorker {
 
 fn owned(names: Vec<&str>) -> Vec<String> {
     names.into_iter().map(str::to_owned).collect()
-}
-
-/// The durable consumer of the Spark stream, created or updated (as the pod consumers are),
-/// its pin taken and its in-flight events made deliverable now.
-pub(crate) async fn spark_consumer(
-    stream: &jetstream::stream::Stream,
-    name: &str,
-    filter: String,
-    ack_wait: Duration,
-    failover: Duration,
-) -> anyhow::Result<jetstream::consumer::PullConsumer> {
-    let wanted = pull::Config {
-        durable_name: Some(name.to_owned()),
-        filter_subject: filter.clone(),
-        ack_policy: jetstream::consumer::AckPolicy::Explicit,
-        ack_wait,
-        priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
-        priority_groups: vec![PRIORITY_GROUP.to_owned()],
-        priority_timeout: failover,
-        ..Default::default()
-    };
-    let consumer =
-        podstream_bus::streams::while_unavailable(name, || stream.create_consumer(wanted.clone()))
-            .await
-            .map_err(|error| anyhow::anyhow!("creating consumer {name}: {error}"))?;
-    if let Err(error) = stream.unpin_consumer(name, PRIORITY_GROUP).await {
-        debug!(%error, consumer = %name, "unpin on start failed; waiting for the pin to time out");
-    }
-    if let Err(error) = stream.reset_consumer(name, None).await {
-        debug!(%error, consumer = %name, "consumer reset on start refused; in-flight events come back after the ack wait");
-    }
-    info!(consumer = %name, %filter, "processing Spark objects");
-    Ok(consumer)
 }

@@ -1,0 +1,112 @@
+//! The processor's start: on the bus with its streams, its bucket of task records, one pinned
+//! consumer per scheduler (or one for every owner) and, with `--spark`, the Spark consumer.
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, consumer::PullConsumer, kv, stream};
+use podstream_bus::in_flight::InFlight;
+use podstream_bus::{OnTheBus, streams};
+use podstream_proto::subject::{Stream, encode_token};
+
+use super::ProcessConfig;
+use super::worker::Worker;
+use crate::pinned::{self, Pinned};
+use crate::record_cache::RecordCache;
+use crate::spark::service::SparkConsumer;
+
+/// Unacked pod events one consumer may hand out.
+const MAX_ACK_PENDING: i64 = 10_000;
+
+/// A started processor: what its loops share, and what they pull.
+pub(super) struct Started {
+    pub worker: Worker,
+    pub consumers: Vec<PullConsumer>,
+    pub spark: Option<SparkConsumer>,
+}
+
+/// Connects, makes the streams and the bucket ready and binds the consumers.
+pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
+    let wanted = [Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
+    let OnTheBus {
+        js,
+        subjects,
+        streams: ready,
+    } = podstream_bus::start(&config.bus, "podstream-process", &wanted).await?;
+    let pods = &ready[0];
+    let records = open_bucket(&js, config, pods).await?;
+    let pods = streams::while_unavailable(&pods.name, || js.get_stream(&pods.name))
+        .await
+        .context("opening the pod-events stream")?;
+    let scopes: Vec<Option<&str>> = if config.schedulers.is_empty() {
+        vec![None]
+    } else {
+        config.schedulers.iter().map(|s| Some(s.as_str())).collect()
+    };
+    let mut consumers = Vec::new();
+    for scope in scopes {
+        let name = match scope {
+            None => config.consumer.clone(),
+            Some(owner) => format!("{}-{}", config.consumer, encode_token(owner)),
+        };
+        let wanted = Pinned {
+            name: &name,
+            filter: subjects.pod_events_filter(scope),
+            ack_wait: config.ack_wait,
+            failover: config.failover,
+            max_ack_pending: MAX_ACK_PENDING,
+        };
+        consumers.push(pinned::bind(&pods, wanted).await?);
+    }
+    let spark = match &config.spark_bucket {
+        Some(bucket) => {
+            let name = format!("{}-spark", config.consumer);
+            let wanted = Pinned {
+                name: &name,
+                filter: subjects.stream_subjects(Stream::Spark),
+                ack_wait: config.ack_wait,
+                failover: config.failover,
+                max_ack_pending: 0,
+            };
+            let health = config.health.clone();
+            let spark =
+                SparkConsumer::start(&js, &subjects, &config.bus.streams, bucket, wanted, health);
+            Some(spark.await?)
+        }
+        None => None,
+    };
+    let worker = Worker {
+        in_flight: InFlight::start(js.client(), config.ack_wait),
+        js,
+        pods,
+        records,
+        cache: RecordCache::new(config.cached_records),
+        subjects,
+        rules: config.rules.clone(),
+        health: config.health.clone(),
+    };
+    Ok(Started {
+        worker,
+        consumers,
+        spark,
+    })
+}
+
+/// The bucket of task records, kept as long and as replicated as the pod-events stream `pods`.
+async fn open_bucket(
+    js: &jetstream::Context,
+    config: &ProcessConfig,
+    pods: &stream::Config,
+) -> anyhow::Result<kv::Store> {
+    let wanted = kv::Config {
+        bucket: config.bucket.clone(),
+        description: "podstream processor: per task instance, its pods' states".into(),
+        history: 1,
+        // Records of TIs without events for this long go; no event older can be redelivered.
+        max_age: pods.max_age,
+        storage: stream::StorageType::File,
+        num_replicas: pods.num_replicas,
+        ..Default::default()
+    };
+    streams::bucket(js, wanted)
+        .await
+        .with_context(|| format!("opening KV bucket {}", config.bucket))
+}

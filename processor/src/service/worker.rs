@@ -1,0 +1,256 @@
+//! Deciding one task instance's events: its record read (or taken from the cache), every
+//! event decided in order with any earlier undecided event of its pods first, the record
+//! written once by compare-and-set, then the commands published and the events acked.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
+use podstream_bus::in_flight::{Held, InFlight};
+use podstream_bus::{Backoff, Condition, Health};
+use podstream_proto::PodEvent;
+use podstream_proto::subject::Subjects;
+use podstream_proto::v1::Command;
+use prost::Message as _;
+use tracing::{debug, warn};
+
+use super::consume::ack;
+use crate::decide::identity;
+use crate::record::TaskRecord;
+use crate::record_cache::{Cached, RecordCache};
+use crate::rules::Rules;
+use crate::stats::ProcessStats;
+
+/// A pod event taken off the consumer.
+pub(super) struct Delivery {
+    pub message: Held,
+    pub sequence: u64,
+    pub event: PodEvent,
+    pub key: String,
+}
+
+/// What every consumer loop shares.
+pub(super) struct Worker {
+    pub js: jetstream::Context,
+    /// Every event pulled and not yet acked, kept from redelivery while it is decided.
+    pub in_flight: InFlight,
+    pub pods: stream::Stream,
+    pub records: kv::Store,
+    pub cache: RecordCache,
+    pub subjects: Subjects,
+    pub rules: Rules,
+    pub health: Health,
+}
+
+/// Why deciding an event must be retried.
+#[derive(Debug, thiserror::Error)]
+enum Retry {
+    #[error("reading task record: {0}")]
+    Load(String),
+    #[error("writing task record: {0}")]
+    Store(String),
+    #[error("looking up earlier events of the pod: {0}")]
+    Lookup(String),
+    #[error("publishing commands: {0}")]
+    Publish(String),
+}
+
+impl Worker {
+    /// Decides a group of one TI's events, in order and with one record write, retrying the
+    /// group until it is done; then acks its events. Returns the TI's key with what it did.
+    pub(super) async fn group(&self, key: String, group: Vec<Delivery>) -> (String, ProcessStats) {
+        let mut stats = ProcessStats::default();
+        let mut known = self.cache.take(&key).map(Known::Cached);
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        loop {
+            match self.decide(&key, &group, &mut known, &mut stats).await {
+                Ok(commands) => {
+                    stats.decided += group.len() as u64;
+                    stats.commands += commands;
+                    for delivery in &group {
+                        ack(&delivery.message).await;
+                    }
+                    metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
+                        .increment(group.len() as u64);
+                    self.health.set(Condition::ConsumerBound, true);
+                    break;
+                }
+                Err(error) => {
+                    known = Some(Known::Unsure);
+                    metrics::counter!(podstream_bus::metrics::PROCESSOR_RETRIES).increment(1);
+                    self.health.set(Condition::ConsumerBound, false);
+                    let sequence = group.first().map_or(0, |d| d.sequence);
+                    warn!(%error, ti = %key, sequence, events = group.len(),
+                        retry_in_ms = backoff.delay().as_millis() as u64, "deciding events failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+        if let Some(Known::Cached(record)) = known {
+            self.cache.put(key.clone(), record);
+        }
+        (key, stats)
+    }
+
+    /// Decides the group's events in order (and any earlier undecided event of their pods),
+    /// writes the record once with compare-and-set, then publishes the commands. Returns how
+    /// many were published.
+    async fn decide(
+        &self,
+        key: &str,
+        group: &[Delivery],
+        known: &mut Option<Known>,
+        stats: &mut ProcessStats,
+    ) -> Result<u64, Retry> {
+        let Some(first) = group.first() else {
+            return Ok(0);
+        };
+        loop {
+            let (mut record, revision, fresh) = match known.take() {
+                Some(Known::Cached(Cached { record, revision })) => (record, revision, false),
+                // A pod the ingest says is new nearly always means a new TI: try creating its
+                // record, and read it only when that write finds one.
+                None if first.event.previous_sequence == Some(0) => {
+                    (TaskRecord::default(), 0, false)
+                }
+                None | Some(Known::Unsure) => {
+                    stats.reads += 1;
+                    let (record, revision) = self.load(key).await?;
+                    (record, revision, true)
+                }
+            };
+            // A record read from KV may hold commands whose publisher died before publishing.
+            if fresh && !record.outbox.is_empty() {
+                self.publish(&record.outbox).await?;
+            }
+            let mut commands = Vec::new();
+            let mut changed = false;
+            for delivery in group {
+                let uid = identity(&delivery.event)
+                    .map(|(pod, _)| pod.uid.as_str())
+                    .unwrap_or_default();
+                let last = record.last_sequence(uid);
+                if delivery.sequence <= last {
+                    debug!(uid = %uid, ti = %key, sequence = delivery.sequence, "already decided");
+                    continue;
+                }
+                changed = true;
+                // Where the ingest says the pod's previous event is, and the record has decided
+                // it: nothing earlier can be pending.
+                let vouched = delivery.event.previous_sequence == Some(last);
+                let earlier = if vouched {
+                    Vec::new()
+                } else {
+                    stats.searches += 1;
+                    self.earlier(uid, last, delivery.sequence).await?
+                };
+                for (sequence, earlier) in earlier {
+                    let same_task =
+                        identity(&earlier).is_ok_and(|(_, task)| TaskRecord::key(task) == key);
+                    if same_task && let Ok(more) = record.apply(&self.rules, &earlier, sequence) {
+                        debug!(uid = %uid, sequence, "decided an earlier event of the pod first");
+                        commands.extend(more);
+                    }
+                }
+                let more = record
+                    .apply(&self.rules, &delivery.event, delivery.sequence)
+                    .unwrap_or_default();
+                commands.extend(more);
+            }
+            if !changed {
+                *known = Some(Known::Cached(Cached { record, revision }));
+                return Ok(0);
+            }
+            record.outbox = commands.clone();
+            let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
+            match self.records.update(key, Bytes::from(bytes), revision).await {
+                Ok(revision) => {
+                    stats.writes += 1;
+                    self.publish(&commands).await?;
+                    *known = Some(Known::Cached(Cached { record, revision }));
+                    return Ok(commands.len() as u64);
+                }
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    debug!(ti = %key, "task record changed meanwhile; deciding again");
+                    *known = Some(Known::Unsure);
+                }
+                Err(error) => return Err(Retry::Store(error.to_string())),
+            }
+        }
+    }
+
+    /// The record of `key` and its revision (0 when there is none yet).
+    async fn load(&self, key: &str) -> Result<(TaskRecord, u64), Retry> {
+        let entry = self
+            .records
+            .entry(key)
+            .await
+            .map_err(|e| Retry::Load(e.to_string()))?;
+        match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                let record = TaskRecord::decode(&entry.value).unwrap_or_else(|error| {
+                    // Not ours to lose sleep over: deciding from scratch re-emits at worst
+                    // commands the sink already skips by id.
+                    warn!(ti = %key, %error, "task record unreadable; starting it afresh");
+                    TaskRecord::default()
+                });
+                Ok((record, entry.revision))
+            }
+            Some(entry) => Ok((TaskRecord::default(), entry.revision)),
+            None => Ok((TaskRecord::default(), 0)),
+        }
+    }
+
+    /// The pod's events (not notices) after sequence `after` and before `before`, in order.
+    async fn earlier(
+        &self,
+        uid: &str,
+        after: u64,
+        before: u64,
+    ) -> Result<Vec<(u64, PodEvent)>, Retry> {
+        let subject = self.subjects.pod_events_of_any_owner(uid);
+        let mut found = Vec::new();
+        let mut next = after + 1;
+        while next < before {
+            let message = match self
+                .pods
+                .get_first_raw_message_by_subject(&subject, next)
+                .await
+            {
+                Ok(message) => message,
+                Err(error)
+                    if error.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+                {
+                    break;
+                }
+                Err(error) => return Err(Retry::Lookup(error.to_string())),
+            };
+            if message.sequence >= before {
+                break;
+            }
+            next = message.sequence + 1;
+            if podstream_bus::role::is_left_notice(Some(&message.headers)) {
+                continue;
+            }
+            if let Ok(event) = PodEvent::decode(message.payload.as_ref()) {
+                found.push((message.sequence, event));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Publishes commands in order and waits for every ack.
+    async fn publish(&self, commands: &[Command]) -> Result<(), Retry> {
+        crate::publish::publish(&self.js, &self.subjects, commands)
+            .await
+            .map_err(Retry::Publish)
+    }
+}
+
+/// What one instance knows of a TI's record before deciding its next event.
+enum Known {
+    /// The record as this instance last wrote or read it.
+    Cached(Cached),
+    /// Read it from KV: a write failed or lost a race.
+    Unsure,
+}
