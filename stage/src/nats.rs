@@ -111,16 +111,30 @@ impl NatsServer {
 pub struct NatsCluster {
     nodes: Vec<Option<std::process::Child>>,
     ports: Vec<u16>,
-    _dir: tempfile::TempDir,
+    /// Every node's storage and log, removed with the cluster.
+    dir: tempfile::TempDir,
 }
 
 impl NatsCluster {
     /// Starts `size` nodes routed to each other and waits until each is ready. JetStream
-    /// elects its meta leader after that: ask for one with a retrying client.
+    /// elects its meta leader after that: ask for one with a retrying client. A node that
+    /// exits at start (a port another test took between `free_port` and its bind) makes the
+    /// whole cluster start again on new ports, up to three times.
     ///
     /// # Panics
-    /// When a node cannot start.
+    /// When the nodes cannot start.
     pub fn start(size: usize) -> NatsCluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match NatsCluster::try_start(size) {
+                Ok(cluster) => return cluster,
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("the nats-server cluster did not start:\n{}", failures.join("\n"));
+    }
+
+    fn try_start(size: usize) -> Result<NatsCluster, String> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
         let routes: Vec<u16> = (0..size).map(|_| free_port()).collect();
@@ -129,10 +143,14 @@ impl NatsCluster {
             .map(|port| format!("nats://127.0.0.1:{port}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut nodes = Vec::with_capacity(size);
+        let mut cluster = NatsCluster {
+            nodes: Vec::with_capacity(size),
+            ports,
+            dir,
+        };
         let mut logs = Vec::with_capacity(size);
-        for (index, (port, route)) in ports.iter().zip(&routes).enumerate() {
-            let node_dir = dir.path().join(format!("node-{index}"));
+        for (index, (port, route)) in cluster.ports.iter().zip(&routes).enumerate() {
+            let node_dir = cluster.dir.path().join(format!("node-{index}"));
             std::fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("node dir: {e}"));
             let log = node_dir.join("nats-server.log");
             let child = std::process::Command::new(nats_server_binary())
@@ -154,25 +172,26 @@ impl NatsCluster {
                 .spawn()
                 .unwrap_or_else(|e| panic!("starting nats-server node {index}: {e}"));
             crate::kill_when_this_process_ends(crate::Doomed::Process(child.id()));
-            nodes.push(Some(child));
+            cluster.nodes.push(Some(child));
             logs.push(log);
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        for log in &logs {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        for (index, log) in logs.iter().enumerate() {
             while !std::fs::read_to_string(log).is_ok_and(|l| l.contains("Server is ready")) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "a clustered nats-server did not become ready; see {}",
-                    log.display()
-                );
+                let exited = cluster.nodes[index]
+                    .as_mut()
+                    .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
+                if exited || std::time::Instant::now() >= deadline {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                    let state = if exited { "exited" } else { "was not ready in 60 s" };
+                    // Dropping the cluster stops the nodes that did start.
+                    return Err(format!("node {index} {state}: {tail:?}"));
+                }
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
         }
-        NatsCluster {
-            nodes,
-            ports,
-            _dir: dir,
-        }
+        Ok(cluster)
     }
 
     /// Waits until JetStream answers with a meta leader elected (up to 60 s).
