@@ -3,6 +3,8 @@
 use async_nats::HeaderMap;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use podstream_proto::msg_id;
+use podstream_proto::subject::{Stage, Subjects};
 
 pub use podstream_proto::subject::{ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER};
 
@@ -27,6 +29,46 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
+    /// The dead letter of a message `stage`'s consumer could not use, for `reason`: its bytes
+    /// untouched, its subject as the source, and an id of its stage, subject and stream
+    /// sequence ([`msg_id::dead_message`]).
+    pub fn of_message(
+        subjects: &Subjects,
+        stage: Stage,
+        message: &async_nats::jetstream::Message,
+        reason: String,
+    ) -> DeadLetter {
+        let sequence = message
+            .info()
+            .map(|info| info.stream_sequence)
+            .unwrap_or_default();
+        DeadLetter {
+            subject: subjects.dead_letters(stage),
+            msg_id: msg_id::dead_message(stage, &message.subject, sequence),
+            reason,
+            source: message.subject.to_string(),
+            payload: message.payload.clone(),
+        }
+    }
+
+    /// The dead letter of an object the ingest could not use: `source` names it, `msg_id`
+    /// is one of [`msg_id`]'s, `payload` is what is kept of it.
+    pub fn of_object(
+        subjects: &Subjects,
+        msg_id: String,
+        source: String,
+        reason: String,
+        payload: Bytes,
+    ) -> DeadLetter {
+        DeadLetter {
+            subject: subjects.dead_letters(Stage::Ingest),
+            msg_id,
+            reason,
+            source,
+            payload,
+        }
+    }
+
     /// The message to publish on a server that takes messages of up to `max_payload` bytes
     /// (`ServerInfo::max_payload`). A payload that does not fit is cut to fit, with its
     /// original size in [`ORIGINAL_SIZE_HEADER`]: a dead letter that can never be stored

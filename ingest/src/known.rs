@@ -19,6 +19,7 @@ use std::hash::BuildHasher;
 
 use bytes::Bytes;
 use podstream_proto::PodEvent;
+use podstream_proto::msg_id;
 use podstream_proto::revision::is_newer;
 use podstream_proto::subject::Subjects;
 use podstream_proto::v1::EventType;
@@ -58,13 +59,14 @@ impl Outgoing {
 /// sighting depends on who saw it (a watch, a re-list, a replay), not on the fact.
 pub fn msg_id(event: &PodEvent, role: Role) -> String {
     let uid = event.pod.as_ref().map_or("", |p| p.uid.as_str());
-    let kind = match event.r#type() {
-        EventType::Deleted => "deleted",
-        _ => "changed",
-    };
+    let id = msg_id::pod_event(
+        uid,
+        &event.resource_version,
+        event.r#type() == EventType::Deleted,
+    );
     match role {
-        Role::Event => format!("{uid}:{}:{kind}", event.resource_version),
-        Role::Left => format!("{uid}:{}:{kind}:left", event.resource_version),
+        Role::Event => id,
+        Role::Left => msg_id::left_copy(&id),
     }
 }
 

@@ -25,7 +25,8 @@ use podstream_bus::dead::DeadLetter;
 use podstream_bus::streams;
 use podstream_bus::{Condition, Health};
 use podstream_proto::PodEvent;
-use podstream_proto::subject::{Stage, Stream, Subjects};
+use podstream_proto::msg_id;
+use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::v1::EventType;
 use tokio::time::Instant;
 
@@ -521,13 +522,13 @@ fn project(subjects: &Subjects, kind: EventType, pod: WatchedPod) -> Projected {
             let rv = meta.resource_version.unwrap_or_default();
             let reason = unusable.reason;
             tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %reason, "unusable pod; dead-lettered");
-            Projected::Unusable(Box::new(DeadLetter {
-                subject: subjects.dead_letters(Stage::Ingest),
-                msg_id: format!("{uid}:{rv}:dead"),
+            Projected::Unusable(Box::new(DeadLetter::of_object(
+                subjects,
+                msg_id::dead_pod(&uid, &rv),
+                format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
                 reason,
-                source: format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
-                payload: Bytes::from(crate::dead_pod::kept(unusable.raw.get())),
-            }))
+                Bytes::from(crate::dead_pod::kept(unusable.raw.get())),
+            )))
         }
     }
 }

@@ -16,8 +16,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 use podstream_bus::dead::DeadLetter;
+use podstream_proto::msg_id;
 use podstream_proto::revision::is_newer;
-use podstream_proto::subject::{SparkKind, Stage, Subjects};
+use podstream_proto::subject::{SparkKind, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkEvent};
 use prost::Message as _;
@@ -85,13 +86,10 @@ pub fn identity(event: &SparkEvent) -> (SparkKind, &str, &str) {
 
 fn outgoing(subjects: &Subjects, event: SparkEvent) -> SparkOutgoing {
     let (kind, namespace, uid) = identity(&event);
-    let change = match event.r#type() {
-        EventType::Deleted => "deleted",
-        _ => "changed",
-    };
+    let deleted = event.r#type() == EventType::Deleted;
     SparkOutgoing {
         subject: subjects.spark(kind, namespace, uid),
-        msg_id: format!("spark:{uid}:{}:{change}", event.resource_version),
+        msg_id: msg_id::spark_event(uid, &event.resource_version, deleted),
         payload: Bytes::from(event.encode_to_vec()),
         event,
     }
@@ -320,19 +318,19 @@ fn project(
             let object = unusable.object;
             let rv = object_rv(&json);
             tracing::warn!(object = %object.name, namespace = %object.namespace, uid = %object.uid, reason = %unusable.reason, "unusable Spark object; dead-lettered");
-            SparkProjected::Unusable(Box::new(DeadLetter {
-                subject: subjects.dead_letters(Stage::Ingest),
-                msg_id: format!("spark:{}:{rv}:dead", object.uid),
-                reason: unusable.reason,
-                source: format!(
+            SparkProjected::Unusable(Box::new(DeadLetter::of_object(
+                subjects,
+                msg_id::dead_spark_object(&object.uid, rv),
+                format!(
                     "{} {}/{} uid {} resourceVersion {rv}",
                     kind.token(),
                     object.namespace,
                     object.name,
                     object.uid
                 ),
-                payload: Bytes::from(crate::dead_pod::kept(&json.to_string())),
-            }))
+                unusable.reason,
+                Bytes::from(crate::dead_pod::kept(&json.to_string())),
+            )))
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use podstream_proto::task::command_id;
+use podstream_proto::msg_id;
 use podstream_proto::v1::{Command, PodRef, TaskKey, command::Kind};
 
 /// One command to a task instance, as decided from one event.
@@ -30,7 +30,7 @@ impl TaskCommand<'_> {
     /// The deterministic idempotency id (docs/contract.md): pod uid,
     /// resourceVersion and kind.
     pub fn id(&self) -> String {
-        command_id(&self.pod.uid, &self.resource_version, self.kind.name())
+        msg_id::command(&self.pod.uid, &self.resource_version, self.kind.name())
     }
 
     /// The wire form, for the bus, the outbox and `decide`'s output.

@@ -28,7 +28,7 @@ pub async fn publish(
             // Headers first: `headers` replaces the map `message_id` writes into.
             let notice = jetstream::message::PublishMessage::build()
                 .headers(podstream_bus::role::headers(Role::Left))
-                .message_id(format!("{}:{}", command.id, Role::Left.as_str()))
+                .message_id(podstream_proto::msg_id::left_copy(&command.id))
                 .payload(payload.clone());
             let subject = subjects.commands(&transfer.from, uid);
             let ack = js.send_publish(subject, notice).await;

@@ -6,10 +6,12 @@
 //!   any Kubernetes label value exactly one subject token.
 //! - [`line`]: the JSON line form of a command, `podstream decide`'s output
 //!   (docs/contract.md §1).
+//! - [`msg_id`]: every `Nats-Msg-Id` podstream writes.
 //! - [`task`]: conveniences on the TI key and pod reference.
 //! - [`revision`]: the order of resourceVersions.
 
 pub mod line;
+pub mod msg_id;
 pub mod revision;
 pub mod subject;
 pub mod task;

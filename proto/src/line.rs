@@ -245,7 +245,7 @@ impl TryFrom<CommandLine> for Command {
         let resource_version = line.resource_version.unwrap_or_default();
         let id = line
             .id
-            .unwrap_or_else(|| crate::task::command_id(&pod.uid, &resource_version, kind_name));
+            .unwrap_or_else(|| crate::msg_id::command(&pod.uid, &resource_version, kind_name));
         Ok(Command {
             id,
             task: Some(task),

@@ -151,23 +151,6 @@ impl command::Kind {
     }
 }
 
-/// The idempotency id of the command of `kind` decided from one pod event.
-///
-/// One event yields at most one command of each kind, so pod uid,
-/// resourceVersion and kind name identify it; deciding the same event again
-/// (a replay, a second processor) gives the same id, which makes it usable as
-/// `Nats-Msg-Id` and as the sink's applied-position key.
-pub fn command_id(pod_uid: &str, resource_version: &str, kind: &str) -> String {
-    // Built by hand: one allocation, no formatting machinery (one id per command).
-    let mut id = String::with_capacity(pod_uid.len() + resource_version.len() + kind.len() + 2);
-    id.push_str(pod_uid);
-    id.push(':');
-    id.push_str(resource_version);
-    id.push(':');
-    id.push_str(kind);
-    id
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,21 +217,5 @@ mod tests {
     fn completeness_follows_run_id() {
         assert!(key("r", -1).is_complete());
         assert!(!key("", -1).is_complete());
-    }
-
-    #[test]
-    fn command_id_is_deterministic_and_kind_specific() {
-        assert_eq!(
-            command_id("u1", "42", "fail"),
-            command_id("u1", "42", "fail")
-        );
-        assert_ne!(
-            command_id("u1", "42", "fail"),
-            command_id("u1", "42", "transfer")
-        );
-        assert_ne!(
-            command_id("u1", "42", "fail"),
-            command_id("u1", "43", "fail")
-        );
     }
 }

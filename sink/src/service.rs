@@ -323,17 +323,7 @@ async fn dead_letter(
     message: &jetstream::Message,
     reason: &str,
 ) {
-    let sequence = message
-        .info()
-        .map(|i| i.stream_sequence)
-        .unwrap_or_default();
-    let dead = DeadLetter {
-        subject: subjects.dead_letters(Stage::Sink),
-        msg_id: format!("sink:{}:{sequence}", message.subject),
-        reason: reason.to_owned(),
-        source: message.subject.to_string(),
-        payload: message.payload.clone(),
-    };
+    let dead = DeadLetter::of_message(subjects, Stage::Sink, message, reason.to_owned());
     podstream_bus::dead::store(js, &dead).await;
 }
 

@@ -161,13 +161,7 @@ impl Worker {
             Err(error) => format!("not a PodEvent: {error}"),
         };
         warn!(subject = %message.subject, sequence, %reason, "pod event dead-lettered");
-        let letter = DeadLetter {
-            subject: self.subjects.dead_letters(Stage::Processor),
-            msg_id: format!("processor:{}:{sequence}", message.subject),
-            reason,
-            source: message.subject.to_string(),
-            payload: message.payload.clone(),
-        };
+        let letter = DeadLetter::of_message(&self.subjects, Stage::Processor, &message, reason);
         dead::store(&self.js, &letter).await;
         ack(&message).await;
         Accepted::Dead

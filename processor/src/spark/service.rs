@@ -203,13 +203,8 @@ impl SparkWorker {
                     Ok(_) => "a SparkEvent without an object".to_owned(),
                 };
                 warn!(subject = %message.subject, %reason, "Spark event dead-lettered");
-                let letter = DeadLetter {
-                    subject: self.subjects.dead_letters(Stage::Processor),
-                    msg_id: format!("{}:dead", message.subject),
-                    reason,
-                    source: message.subject.to_string(),
-                    payload: message.payload.clone(),
-                };
+                let letter =
+                    DeadLetter::of_message(&self.subjects, Stage::Processor, message, reason);
                 dead::store(&self.js, &letter).await;
                 stats.dead_lettered += 1;
                 return;
