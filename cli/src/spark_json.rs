@@ -1,8 +1,8 @@
 //! Spark driver pods and SparkApplications in Kubernetes JSON (kubectl's `-o json`, watch
 //! events or lists), split from the worker pods and projected by the ingest's own
-//! `spark_projection` into the events `podstream_processor::spark` takes.
+//! `spark::projection` into the events `podstream_processor::spark` takes.
 
-use podstream_ingest::spark_projection::{project_spark, spark_kind};
+use podstream_ingest::spark::projection::{project_spark, spark_kind};
 use podstream_proto::v1::{EventType, PodRef, SparkEvent};
 use serde_json::Value;
 

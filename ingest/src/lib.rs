@@ -10,15 +10,16 @@
 //! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
 //!   checkpoint; [`leadership`]: the Lease that elects one ingest, and its write fence;
 //!   [`service`]: `podstream ingest`, the watch loop that ties them together.
+//! - [`read_ahead`]: a watch driven in its own task, read ahead of the publishing loop.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
 //!   projection needs (`decide`'s fast path), walked by [`json_scan`].
 //! - [`watched_pod`]: the pod type the ingest watches: projected as it is read, kept as text
 //!   only when it cannot be (for its dead letter).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
 //!   bare pods, pod lists) read into pods with their event type.
-//! - [`spark_projection`]: a Spark driver pod or SparkApplication reduced to the
-//!   `SparkEvent` the choice of driver reads; [`spark`]: their watch and what to publish for
-//!   each (`--spark`).
+//! - [`spark`]: the watch of Spark driver pods and SparkApplications and what to publish for
+//!   each (`--spark`); [`spark::projection`]: one reduced to the `SparkEvent` the choice of
+//!   driver reads.
 
 pub mod checkpoint;
 pub mod dead_pod;
@@ -29,9 +30,9 @@ pub mod listing;
 pub mod pod_json;
 pub mod projection;
 pub mod publisher;
+pub mod read_ahead;
 pub mod service;
 pub mod spark;
-pub mod spark_projection;
 pub mod watch_json;
 pub mod watched_pod;
 

@@ -131,7 +131,10 @@ impl NatsCluster {
                 Err(failure) => failures.push(failure),
             }
         }
-        panic!("the nats-server cluster did not start:\n{}", failures.join("\n"));
+        panic!(
+            "the nats-server cluster did not start:\n{}",
+            failures.join("\n")
+        );
     }
 
     fn try_start(size: usize) -> Result<NatsCluster, String> {
@@ -184,7 +187,11 @@ impl NatsCluster {
                 if exited || std::time::Instant::now() >= deadline {
                     let text = std::fs::read_to_string(log).unwrap_or_default();
                     let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                    let state = if exited { "exited" } else { "was not ready in 60 s" };
+                    let state = if exited {
+                        "exited"
+                    } else {
+                        "was not ready in 60 s"
+                    };
                     // Dropping the cluster stops the nodes that did start.
                     return Err(format!("node {index} {state}: {tail:?}"));
                 }

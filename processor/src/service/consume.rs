@@ -36,7 +36,10 @@ impl Worker {
         let mut stats = ProcessStats::default();
         let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         while !*stopped.borrow() {
-            match self.consume(&consumer, config, stopped.clone(), &mut stats).await {
+            match self
+                .consume(&consumer, config, stopped.clone(), &mut stats)
+                .await
+            {
                 Ok(()) => break,
                 Err(error) => {
                     self.health.set(Condition::ConsumerBound, false);

@@ -147,4 +147,3 @@ pub async fn run(
     tracing::info!(%summary, "sink stopped");
     Ok(summary)
 }
-

@@ -58,32 +58,32 @@ pub(super) async fn hand_over(
     subjects: &Subjects,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
-        for message in chunk {
-            let message = match message {
-                Ok(message) => message,
-                Err(error) => {
-                    tracing::warn!(%error, "receiving a command failed");
-                    continue;
-                }
-            };
-            if podstream_bus::role::is_left_notice(message.headers.as_ref()) {
-                // The previous owner's copy of a transfer: applied from the other.
-                ack(&message).await;
+    for message in chunk {
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::warn!(%error, "receiving a command failed");
                 continue;
             }
-            let sequence = message.info().map(|i| i.stream_sequence).ok();
-            match Command::decode(message.payload.as_ref()) {
-                Ok(command) => lanes
-                    .send(Item { command, sequence }, message)
-                    .await
-                    .context("handing a command to the database")?,
-                Err(error) => {
-                    let reason = format!("not a Command: {error}");
-                    dead_letter(js, subjects, &message, &reason).await;
-                    summary.dead_lettered += 1;
-                    ack(&message).await;
-                }
+        };
+        if podstream_bus::role::is_left_notice(message.headers.as_ref()) {
+            // The previous owner's copy of a transfer: applied from the other.
+            ack(&message).await;
+            continue;
+        }
+        let sequence = message.info().map(|i| i.stream_sequence).ok();
+        match Command::decode(message.payload.as_ref()) {
+            Ok(command) => lanes
+                .send(Item { command, sequence }, message)
+                .await
+                .context("handing a command to the database")?,
+            Err(error) => {
+                let reason = format!("not a Command: {error}");
+                dead_letter(js, subjects, &message, &reason).await;
+                summary.dead_lettered += 1;
+                ack(&message).await;
             }
         }
+    }
     Ok(())
 }

@@ -7,6 +7,12 @@
 //! [`KnownSpark`] is the pure core (what to publish for an observed object); the watches are
 //! [`watch_spark`]. Spark objects are few (one driver per running Spark task), so they are
 //! read whole as JSON and kept without the care the worker pods' maps take over memory.
+//! [`projection`] reduces an object to the `SparkEvent` the choice of driver reads.
+//!
+//! The seam into `podstream ingest` is [`SparkWatches`]: the service stages what each of its
+//! items calls for and publishes with the worker pods' publisher and checkpoint.
+
+pub mod projection;
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,8 +30,9 @@ use podstream_proto::v1::{EventType, SparkEvent};
 use prost::Message as _;
 
 use crate::known::{Tombstones, next_revision};
-use crate::listing::ListInput;
-use crate::spark_projection::{DRIVER_SELECTOR, project_spark};
+use crate::listing::{ListAction, ListInput, ListState};
+use crate::read_ahead::read_ahead;
+use projection::{DRIVER_SELECTOR, project_spark};
 
 /// The SparkApplication resource the Spark operator serves (`sparkoperator.k8s.io/v1beta2`).
 pub fn spark_application_resource() -> ApiResource {
@@ -218,6 +225,70 @@ pub enum SparkWatched {
     /// The watch failed; kube-runtime retries with backoff (a missing SparkApplication CRD
     /// fails this way until it is installed).
     Failed(Box<watcher::Error>),
+}
+
+/// The Spark watches of one ingest (`--spark`): their scopes, each one's list state, and
+/// their items read ahead. Without `--spark` there are none and [`SparkWatches::next`] never
+/// resolves. Spark objects are not part of readiness: a cluster without the
+/// SparkApplication CRD fails that watch until it is installed, and worker pods must not
+/// wait for it.
+pub struct SparkWatches {
+    scopes: Vec<SparkScope>,
+    lists: Vec<ListState<SparkProjected>>,
+    events: Option<tokio::sync::mpsc::Receiver<(usize, SparkWatched)>>,
+}
+
+impl SparkWatches {
+    /// No Spark watches (no `--spark`).
+    pub fn none() -> SparkWatches {
+        SparkWatches {
+            scopes: Vec::new(),
+            lists: Vec::new(),
+            events: None,
+        }
+    }
+
+    /// Driver pods and SparkApplications watched in `namespaces` (all when empty), up to
+    /// `depth` items read ahead.
+    pub fn start(
+        kube: &kube::Client,
+        namespaces: &[String],
+        subjects: Subjects,
+        depth: usize,
+    ) -> SparkWatches {
+        let scopes = spark_scopes(namespaces);
+        let events = read_ahead(watch_spark(kube, &scopes, subjects), depth);
+        SparkWatches {
+            lists: scopes.iter().map(|_| ListState::Watching).collect(),
+            scopes,
+            events: Some(events),
+        }
+    }
+
+    /// The next watch item with its scope's index; never without watches.
+    pub async fn next(&mut self) -> Option<(usize, SparkWatched)> {
+        match &mut self.events {
+            Some(events) => events.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// What the item of scope `index` calls for, with the scope (a failed watch is logged
+    /// and calls for nothing: kube-runtime retries it).
+    pub fn step(
+        &mut self,
+        index: usize,
+        item: SparkWatched,
+    ) -> Option<(&SparkScope, ListAction<SparkProjected>)> {
+        let (scope, list) = (self.scopes.get(index)?, self.lists.get_mut(index)?);
+        match item {
+            SparkWatched::List(input) => Some((scope, list.on(input, None))),
+            SparkWatched::Failed(error) => {
+                tracing::warn!(kind = scope.kind.token(), namespace = ?scope.namespace, %error, "Spark watch failed; retrying with backoff");
+                None
+            }
+        }
+    }
 }
 
 /// One watched (kind, scope).
