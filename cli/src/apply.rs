@@ -23,7 +23,7 @@ pub struct ApplyArgs {
     #[command(flatten)]
     db: DbArgs,
     /// Commands per transaction.
-    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "PODSTREAM_BATCH_SIZE", default_value_t = podstream_sink::service::DEFAULT_BATCH_SIZE)]
     batch_size: usize,
 }
 

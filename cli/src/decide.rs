@@ -45,7 +45,7 @@ pub struct RulesArgs {
     #[arg(
         long,
         env = "PODSTREAM_FATAL_REASONS",
-        default_value = "CreateContainerConfigError,ErrImagePull,CreateContainerError,ImageInspectError,InvalidImageName"
+        default_value_t = podstream_processor::rules::DEFAULT_FATAL_REASONS.join(",")
     )]
     pub fatal_reasons: String,
 }

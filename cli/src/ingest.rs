@@ -54,7 +54,7 @@ impl IngestArgs {
         Ok(IngestConfig {
             bus: self
                 .streams
-                .bus(&self.nats.nats, self.nats.security.security()),
+                .bus(self.nats.url(), self.nats.security.security()),
             namespaces: self.kube.namespaces(),
             kube_context: self.kube.kube_context.clone(),
             pod_selector: self.selector.pod_selector.clone(),

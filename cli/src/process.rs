@@ -69,7 +69,7 @@ impl ProcessArgs {
         Ok(ProcessConfig {
             bus: self
                 .streams
-                .bus(&self.nats.nats, self.nats.security.security()),
+                .bus(self.nats.url(), self.nats.security.security()),
             schedulers: self
                 .scheduler
                 .iter()

@@ -180,7 +180,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let subjects = args.prefix.subjects()?;
         let client = podstream_bus::connect(
-            &args.nats.nats,
+            args.nats.url(),
             &args.nats.security.security(),
             "podstream-replay",
         )

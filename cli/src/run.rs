@@ -25,12 +25,13 @@ use crate::stream_args::{AckWaitArgs, StreamArgs};
 #[command(after_help = "Examples:\n  \
     podstream run                                   # local nats-server, $AIRFLOW_HOME/airflow.db, KUBECONFIG\n  \
     podstream run --nats nats://nats:4222 --db postgres://airflow@db:5432/airflow --namespaces airflow")]
+#[command(mut_arg("nats", |arg| arg.help(
+    "NATS server with JetStream (several, comma-separated, for a cluster); without it, a local \
+     nats-server is started on --data-dir"
+)))]
 pub struct RunArgs {
-    /// NATS server with JetStream; without it, a local nats-server is started on --data-dir.
-    #[arg(long, env = "PODSTREAM_NATS", hide_env_values = true)]
-    pub nats: Option<String>,
     #[command(flatten)]
-    pub nats_security: crate::stream_args::NatsSecurityArgs,
+    pub nats: crate::stream_args::NatsArgs,
     /// Storage of the local nats-server (ignored with --nats).
     #[arg(long, env = "PODSTREAM_DATA_DIR", default_value = "podstream-data")]
     pub data_dir: PathBuf,
@@ -70,7 +71,7 @@ impl RunArgs {
     fn config(&self, nats_url: &str) -> anyhow::Result<PipelineConfig> {
         let subjects = self.streams.prefix.subjects()?;
         Ok(PipelineConfig {
-            bus: self.streams.bus(nats_url, self.nats_security.security()),
+            bus: self.streams.bus(nats_url, self.nats.security.security()),
             ingest: IngestConfig {
                 namespaces: self.kube.namespaces(),
                 kube_context: self.kube.kube_context.clone(),
@@ -99,7 +100,7 @@ impl RunArgs {
 /// Runs until SIGINT/SIGTERM.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let db_target = args.db.target_or_airflow_default()?;
-    let (mut local, nats_url) = match &args.nats {
+    let (mut local, nats_url) = match &args.nats.nats {
         Some(url) => (None, url.clone()),
         None => {
             let dir = args.data_dir.join("nats");

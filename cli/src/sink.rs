@@ -74,7 +74,7 @@ pub fn run(args: &SinkArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     let bus = args
         .streams
-        .bus(&args.nats.nats, args.nats.security.security());
+        .bus(args.nats.url(), args.nats.security.security());
     runtime.block_on(async {
         let health = args.ops.serve().await?;
         // Not ready until the database answers.

@@ -15,11 +15,27 @@ use podstream_proto::subject::{DEFAULT_PREFIX, Subjects};
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
     /// NATS server with JetStream (several, comma-separated, for a cluster; tls:// requires
-    /// TLS).
-    #[arg(long, env = "PODSTREAM_NATS", default_value = DEFAULT_NATS_URL, hide_env_values = true)]
-    pub nats: String,
+    /// TLS); the bus's default when not given.
+    #[arg(long, env = "PODSTREAM_NATS", hide_env_values = true, help = nats_help())]
+    pub nats: Option<String>,
     #[command(flatten)]
     pub security: NatsSecurityArgs,
+}
+
+/// `--nats`'s help, its default read from the bus (`run` says its own).
+fn nats_help() -> String {
+    format!(
+        "NATS server with JetStream (several, comma-separated, for a cluster; tls:// requires \
+         TLS) [default: {DEFAULT_NATS_URL}]"
+    )
+}
+
+impl NatsArgs {
+    /// The server(s) to connect to: `--nats`, else the bus's default. (`run` reads `nats`
+    /// itself: without it, it starts a local server.)
+    pub fn url(&self) -> &str {
+        self.nats.as_deref().unwrap_or(DEFAULT_NATS_URL)
+    }
 }
 
 /// Credentials and TLS for NATS. Secrets are read from files; only their paths are flags.

@@ -32,7 +32,7 @@ pub fn run(args: &TailArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let subjects = args.prefix.subjects()?;
         let client = podstream_bus::connect(
-            &args.nats.nats,
+            args.nats.url(),
             &args.nats.security.security(),
             "podstream-tail",
         )

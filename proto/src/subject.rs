@@ -410,6 +410,19 @@ impl Subjects {
     }
 }
 
+/// The streams' names under the default prefix, for tests and tools that name a stream
+/// directly (each is checked against [`Subjects::stream_name`] below).
+pub mod stream_names {
+    /// Pod events.
+    pub const PODS: &str = "PODSTREAM_PODS";
+    /// Commands.
+    pub const COMMANDS: &str = "PODSTREAM_COMMANDS";
+    /// Dead letters.
+    pub const DEAD: &str = "PODSTREAM_DEAD";
+    /// Spark objects' events.
+    pub const SPARK: &str = "PODSTREAM_SPARK";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,6 +604,19 @@ mod tests {
             let subject = s.pod_events(&owner, &uid);
             prop_assert_eq!(subject.split('.').count(), 4);
             prop_assert_eq!(s.parse(&subject), Some((owner, uid)));
+        }
+    }
+
+    #[test]
+    fn the_stream_name_constants_are_the_default_prefix_names() {
+        let subjects = Subjects::new(DEFAULT_PREFIX).unwrap();
+        for (name, stream) in [
+            (stream_names::PODS, Stream::PodEvents),
+            (stream_names::COMMANDS, Stream::Commands),
+            (stream_names::DEAD, Stream::DeadLetters),
+            (stream_names::SPARK, Stream::Spark),
+        ] {
+            assert_eq!(name, subjects.stream_name(stream));
         }
     }
 }

@@ -1,24 +1,11 @@
 //! A real `nats-server` with JetStream for a test: a free port, a temp storage dir, stop and
 //! restart on the same dir. The launcher is `podstream run`'s own (`podstream_bus::local_server`).
 
-use std::path::PathBuf;
-
 use podstream_bus::local_server::LocalServer;
+/// The `nats-server` binary, found as `podstream run` and `demo` find it.
+pub use podstream_bus::local_server::find_binary as nats_server_binary;
 
-use crate::{free_port, workspace_root};
-
-/// The `nats-server` binary: `$PODSTREAM_NATS_SERVER`, else the one `scripts/setup.sh`
-/// installs under `target/tools/bin`, else `nats-server` on PATH.
-pub fn nats_server_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("PODSTREAM_NATS_SERVER") {
-        return PathBuf::from(path);
-    }
-    let installed = workspace_root().join("target/tools/bin/nats-server");
-    if installed.exists() {
-        return installed;
-    }
-    PathBuf::from("nats-server")
-}
+use crate::free_port;
 
 /// A running (or stopped) nats-server owned by the test.
 pub struct NatsServer {

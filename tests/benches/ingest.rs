@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use podstream_bus::streams;
 use podstream_ingest::projection::project;
 use podstream_ingest::service;
+use podstream_proto::subject::stream_names;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Server, SimConfig, WorkerPod};
 use podstream_tests::bus::{self, RawShape};
@@ -142,7 +143,7 @@ fn main() {
             println!("  raw, the ingest's subjects and headers: {shaped:>9.0} msgs/s (CPU: nats-server {nats_cpu:.2} s, the publisher {publisher_cpu:.2} s)");
 
             // Each round's ingest starts from nothing, like the first.
-            let _ = js.delete_stream("PODSTREAM_PODS").await;
+            let _ = js.delete_stream(stream_names::PODS).await;
             let _ = js.delete_key_value("podstream-ingest").await;
             let cpu = CpuSince::now(nats_pid);
             let started = Instant::now();
@@ -153,7 +154,7 @@ fn main() {
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap();
-            bus::settle(&js, "PODSTREAM_PODS", n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
+            bus::settle(&js, stream_names::PODS, n as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
             let initial = started.elapsed().as_secs_f64();
             let ingest_cpu = podstream_tests::cpu_seconds(ingest.id());
             let (nats_cpu, simulator_cpu) = cpu.used();
@@ -216,7 +217,7 @@ fn main() {
         });
         driver.await.unwrap();
         let offered = started.elapsed();
-        bus::settle(&js, "PODSTREAM_PODS", (n + updates) as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
+        bus::settle(&js, stream_names::PODS, (n + updates) as u64, Duration::from_millis(1), Duration::from_secs(600)).await;
         let drained = started.elapsed();
         println!(
             "steady: {updates} updates offered at {:>6.0}/s, all acked after {:.2} s = {:>9.0} events/s (lag at the end {:.2} s)",

@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream;
+use podstream_proto::subject::stream_names;
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
 use podstream_tests::airflow::{Airflow, AirflowDb};
@@ -121,7 +122,7 @@ async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) -> Stag
     let (mut ingest_done, mut process_done) = (first, first);
     let mut event_at = HashMap::new();
     let mut ingest = Vec::new();
-    for message in bus::read_all(js, "PODSTREAM_PODS").await {
+    for message in bus::read_all(js, stream_names::PODS).await {
         let event = message.pod_event();
         let uid = event.pod.map(|p| p.uid).unwrap_or_default();
         if let Some(made) = created.get(&uid) {
@@ -131,7 +132,7 @@ async fn stages(js: &jetstream::Context, created: &HashMap<String, f64>) -> Stag
         }
     }
     let mut process = Vec::new();
-    for message in bus::read_all(js, "PODSTREAM_COMMANDS").await {
+    for message in bus::read_all(js, stream_names::COMMANDS).await {
         let command =
             <podstream_proto::Command as prost::Message>::decode(message.payload.as_ref()).unwrap();
         let uid = command.pod.map(|p| p.uid).unwrap_or_default();

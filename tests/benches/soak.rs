@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use podstream_bus::streams;
+use podstream_proto::subject::stream_names;
 use podstream_proto::subject::{Stream, Subjects};
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
@@ -321,10 +322,10 @@ async fn sample(
         nats_mb: nats.pid().map_or(0, |pid| podstream_tests::rss_mb(pid).0),
         stored,
         rows,
-        process_lag: lag("PODSTREAM_PODS", "podstream-process")
+        process_lag: lag(stream_names::PODS, "podstream-process")
             .await
             .unwrap_or(0),
-        sink_lag: lag("PODSTREAM_COMMANDS", "podstream-sink")
+        sink_lag: lag(stream_names::COMMANDS, "podstream-sink")
             .await
             .unwrap_or(0),
     }
@@ -602,9 +603,9 @@ fn main() {
         let peak_rows: Vec<i64> = (0..TABLES.len())
             .map(|i| samples.iter().map(|s| s.rows[i]).max().unwrap_or(0))
             .collect();
-        let mut pods_stream = js.get_stream("PODSTREAM_PODS").await.unwrap();
+        let mut pods_stream = js.get_stream(stream_names::PODS).await.unwrap();
         let pods_state = pods_stream.info().await.unwrap().state.clone();
-        let mut commands_stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+        let mut commands_stream = js.get_stream(stream_names::COMMANDS).await.unwrap();
         let commands_state = commands_stream.info().await.unwrap().state.clone();
 
         println!(

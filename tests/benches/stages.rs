@@ -24,6 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use podstream_proto::subject::stream_names;
 use podstream_sim::{Cluster, Server, SimConfig, WorkerPod};
 use podstream_sink::Database;
 use podstream_tests::airflow::{Airflow, AirflowDb};
@@ -188,7 +189,7 @@ fn main() {
         let ingest = start(&binary, &["ingest", "--nats", &url, "--namespaces", NS], &kubeconfig);
         let (t0, before) = (Instant::now(), Clocks::read(ingest.id(), nats_pid));
         let seconds = until(t0, "the pods stream", || async {
-            bus::count(&js, "PODSTREAM_PODS").await >= n64
+            bus::count(&js, stream_names::PODS).await >= n64
         })
         .await;
         let ingest_rate = report("ingest alone", n, seconds, before, Clocks::read(ingest.id(), nats_pid), raw);
@@ -199,7 +200,7 @@ fn main() {
             .await
             .unwrap();
         until(Instant::now(), "the watched pods", || async {
-            bus::count(&js, "PODSTREAM_PODS").await >= 2 * n64
+            bus::count(&js, stream_names::PODS).await >= 2 * n64
         })
         .await;
         ingest.terminate();
@@ -208,14 +209,14 @@ fn main() {
         let process = start(&binary, &["process", "--nats", &url], &kubeconfig);
         let (t0, before) = (Instant::now(), Clocks::read(process.id(), nats_pid));
         let listed_seconds = until(t0, "the listed pods' commands", || async {
-            bus::count(&js, "PODSTREAM_COMMANDS").await >= n64
+            bus::count(&js, stream_names::COMMANDS).await >= n64
         })
         .await;
         let middle = Clocks::read(process.id(), nats_pid);
         let t1 = Instant::now();
         report("processor, listed pods", n, listed_seconds, before, middle, raw);
         let seconds = until(t1, "the watched pods' commands", || async {
-            bus::count(&js, "PODSTREAM_COMMANDS").await >= 2 * n64
+            bus::count(&js, stream_names::COMMANDS).await >= 2 * n64
         })
         .await;
         let process_rate = report("processor, watched pods", n, seconds, middle, Clocks::read(process.id(), nats_pid), raw);

@@ -16,6 +16,7 @@ use podstream_stage::nats::NatsServer;
 use sqlx::Row;
 
 use crate::component::Component;
+use podstream_proto::subject::stream_names;
 
 /// The simulator's namespace for worker pods.
 pub const NS: &str = "airflow";
@@ -436,7 +437,7 @@ async fn wait_for_ack_pending(url: &str) {
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(stream) = js.get_stream("PODSTREAM_COMMANDS").await
+        if let Ok(stream) = js.get_stream(stream_names::COMMANDS).await
             && let Ok(mut consumer) = stream
                 .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
                     podstream_sink::service::DEFAULT_CONSUMER,

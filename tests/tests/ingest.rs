@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use podstream_ingest::service::{self, IngestConfig, IngestStats};
 use podstream_proto::subject::Subjects;
+use podstream_proto::subject::stream_names;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Cluster, Deletion, Server, SimConfig, WorkerPod};
 use podstream_tests::bus::{self, Stored};
@@ -20,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-const PODS: &str = "PODSTREAM_PODS";
+const PODS: &str = stream_names::PODS;
 
 struct Ingest {
     task: JoinHandle<anyhow::Result<IngestStats>>,
@@ -623,7 +624,7 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     .await;
     bus::settle(
         &js,
-        "PODSTREAM_DEAD",
+        stream_names::DEAD,
         2,
         Duration::from_millis(100),
         Duration::from_secs(30),
@@ -631,7 +632,7 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     .await;
     ingest.stop().await;
 
-    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    let dead = bus::read_all(&js, stream_names::DEAD).await;
     assert_eq!(dead.len(), 2);
     for ((letter, pod), annotation) in dead
         .iter()
@@ -697,7 +698,7 @@ async fn a_dead_letter_over_the_max_payload_is_cut_to_fit_and_the_stream_goes_on
     .await;
     bus::settle(
         &js,
-        "PODSTREAM_DEAD",
+        stream_names::DEAD,
         1,
         Duration::from_millis(100),
         Duration::from_secs(30),
@@ -705,7 +706,7 @@ async fn a_dead_letter_over_the_max_payload_is_cut_to_fit_and_the_stream_goes_on
     .await;
     ingest.stop().await;
 
-    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    let dead = bus::read_all(&js, stream_names::DEAD).await;
     assert_eq!(dead.len(), 1);
     let letter = &dead[0];
     let original: usize = letter
@@ -772,7 +773,7 @@ async fn a_conflicting_stream_is_refused_with_a_clear_error() {
     let error = ingest.task.await.unwrap().unwrap_err();
     let message = format!("{error:#}");
     assert!(
-        message.contains("PODSTREAM_PODS") && message.contains("subjects"),
+        message.contains(stream_names::PODS) && message.contains("subjects"),
         "{message}"
     );
 }

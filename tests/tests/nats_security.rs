@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use podstream_proto::subject::stream_names;
 use podstream_sim::WorkerPod;
 use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
@@ -369,7 +370,7 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
     assert!(
         refusals(&nats.log())
             .iter()
-            .any(|line| line.contains("podstream-sink") && line.contains("PODSTREAM_PODS")),
+            .any(|line| line.contains("podstream-sink") && line.contains(stream_names::PODS)),
         "{}",
         nats.log()
     );

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use podstream_processor::service::{self, ProcessConfig, ProcessStats};
+use podstream_proto::subject::stream_names;
 use podstream_proto::v1::{Phase, command::Kind};
 use podstream_proto::{Command, PodEvent};
 use podstream_tests::bus::{self, PodFeed as Feed, Stored};
@@ -17,9 +18,9 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-const PODS: &str = "PODSTREAM_PODS";
-const COMMANDS: &str = "PODSTREAM_COMMANDS";
-const DEAD: &str = "PODSTREAM_DEAD";
+const PODS: &str = stream_names::PODS;
+const COMMANDS: &str = stream_names::COMMANDS;
+const DEAD: &str = stream_names::DEAD;
 
 struct Processor {
     task: JoinHandle<anyhow::Result<ProcessStats>>,

@@ -8,6 +8,7 @@ use std::process::Command as Process;
 use std::time::Duration;
 
 use podstream_processor::service::{self, ProcessConfig};
+use podstream_proto::subject::stream_names;
 use podstream_proto::v1::{ContainerWaiting, Phase};
 use podstream_proto::{Command, PodEvent};
 use podstream_tests::bus::{self, PodFeed};
@@ -83,7 +84,7 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
     // running, duplicate.
     bus::settle(
         &feed.js,
-        "PODSTREAM_COMMANDS",
+        stream_names::COMMANDS,
         7,
         Duration::from_millis(500),
         Duration::from_secs(60),
@@ -91,7 +92,7 @@ async fn replay_reproduces_a_finished_scenarios_commands() {
     .await;
     let _ = stop.send(());
     processor.await.unwrap().unwrap();
-    let stored = bus::read_all(&feed.js, "PODSTREAM_COMMANDS").await;
+    let stored = bus::read_all(&feed.js, stream_names::COMMANDS).await;
     let recorded: Vec<Command> = stored
         .iter()
         .map(|m| Command::decode(m.payload.as_ref()).unwrap())

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use podstream_proto::subject::stream_names;
 use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::v1::command::Kind;
 use podstream_proto::v1::{Completed, ContainerTerminated, Duplicate, Fail, Running, Transfer};
@@ -656,7 +657,7 @@ async fn beside_executors_that_fail_tasks_the_sink_only_records_fails() {
     let nats = NatsServer::start();
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     ensure_streams(&js).await;
-    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let stream = js.get_stream(stream_names::COMMANDS).await.unwrap();
     stream
         .create_consumer(jetstream::consumer::pull::Config {
             durable_name: Some("podstream-airflow-7".into()),
@@ -838,7 +839,7 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
     }
     bus::settle(
         &js,
-        "PODSTREAM_DEAD",
+        stream_names::DEAD,
         2,
         Duration::from_millis(200),
         Duration::from_secs(30),
@@ -864,7 +865,7 @@ async fn the_sink_service_applies_once_across_a_crash_between_commit_and_ack() {
         6,
         "only the fresh fail added a log row"
     );
-    let dead = bus::read_all(&js, "PODSTREAM_DEAD").await;
+    let dead = bus::read_all(&js, stream_names::DEAD).await;
     assert!(
         dead.iter()
             .all(|d| d.subject == "podstream.dead.sink" && d.header("Podstream-Reason").is_some())
@@ -966,7 +967,7 @@ async fn three_sinks_apply_each_tis_transfers_in_stream_order() {
 
 /// The sink's consumer, once a starting sink has made it.
 async fn sink_consumer(js: &jetstream::Context) -> jetstream::consumer::PullConsumer {
-    let stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let stream = js.get_stream(stream_names::COMMANDS).await.unwrap();
     loop {
         if let Ok(consumer) = stream.get_consumer(service::DEFAULT_CONSUMER).await {
             return consumer;
@@ -1049,7 +1050,7 @@ async fn every_command_held(
     what: &str,
 ) {
     let dead = js
-        .get_stream("PODSTREAM_DEAD")
+        .get_stream(stream_names::DEAD)
         .await
         .unwrap()
         .info()

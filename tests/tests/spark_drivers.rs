@@ -9,6 +9,7 @@ use std::io::Write as _;
 use std::process::Stdio;
 
 use podstream_processor::spark::{DriverPod, by_facts};
+use podstream_proto::subject::stream_names;
 use podstream_proto::v1::Phase;
 use podstream_sim::object::Key;
 use podstream_sim::{DeleteOptions, Deletion, Resource};
@@ -507,7 +508,7 @@ async fn the_pipeline_keeps_each_jobs_driver_and_survives_an_ingest_restart() {
     let js = async_nats::jetstream::new(client);
     // The application names the older running driver; on facts the newer pending one wins.
     wait_for_choice(&js, "crunch", ("crunch-driver", "spark_application")).await;
-    let commands = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let commands = js.get_stream(stream_names::COMMANDS).await.unwrap();
     let uid = |name: &str| {
         cluster
             .get(&Key::new(Resource::Pods, NS, name))
@@ -548,7 +549,7 @@ async fn the_pipeline_keeps_each_jobs_driver_and_survives_an_ingest_restart() {
     wait_for_choice(&js, "crunch", ("crunch-driver-2", "spark_pod_facts")).await;
 
     // Every fact once: no two messages of the Spark stream share a subject and revision.
-    let stream = js.get_stream("PODSTREAM_SPARK").await.unwrap();
+    let stream = js.get_stream(stream_names::SPARK).await.unwrap();
     let last = stream.clone().info().await.unwrap().state.last_sequence;
     let mut seen = std::collections::HashSet::new();
     let mut synthesized = 0;

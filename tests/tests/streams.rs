@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use podstream_bus::BusConfig;
 use podstream_bus::streams::{self, StreamSettings};
+use podstream_proto::subject::stream_names;
 use podstream_proto::subject::{Stream, Subjects};
 use podstream_sink::Database;
 use podstream_sink::service::{self, SinkConfig};
@@ -30,7 +31,7 @@ async fn commands_stream(
 }
 
 async fn on_server(js: &jetstream::Context) -> jetstream::stream::Config {
-    js.get_stream("PODSTREAM_COMMANDS")
+    js.get_stream(stream_names::COMMANDS)
         .await
         .unwrap()
         .info()
@@ -121,7 +122,7 @@ async fn a_stream_capped_in_bytes_drops_its_oldest_messages() {
         .await
         .unwrap();
     }
-    let mut stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+    let mut stream = js.get_stream(stream_names::COMMANDS).await.unwrap();
     let state = stream.info().await.unwrap().state.clone();
     assert!(state.bytes <= 64 * 1024, "{state:?}");
     assert!(state.first_sequence > 1, "the oldest went: {state:?}");

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use podstream_proto::subject::stream_names;
 use podstream_sim::WorkerPod;
 use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
@@ -208,6 +209,6 @@ async fn publish_garbage(url: &str) -> u64 {
 /// The stream sequence of the last pod event so far.
 async fn last_pod_sequence(url: &str) -> u64 {
     let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-    let mut stream = js.get_stream("PODSTREAM_PODS").await.unwrap();
+    let mut stream = js.get_stream(stream_names::PODS).await.unwrap();
     stream.info().await.unwrap().state.last_sequence
 }
