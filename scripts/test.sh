@@ -42,6 +42,11 @@ before="$(pgrep -d ' ' -f "$servers" || true)"
 status=0
 PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production" \
     cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
+# The examples in the documentation (--all-targets leaves doctests out); a run narrowed by
+# arguments is about its own targets.
+if [ "$#" -eq 0 ]; then
+    cargo test --workspace --doc --no-fail-fast || status=$?
+fi
 
 # A test's PostgreSQL is stopped by a watcher within a second of its process ending.
 sleep 2

@@ -63,6 +63,32 @@ impl Rules {
 
     /// What `event` says about its task instance (docs/semantics.md, rows 1–10,
     /// checked in order).
+    ///
+    /// ```
+    /// use podstream_processor::{Ignored, Outcome, Rules};
+    /// use podstream_proto::PodEvent;
+    /// use podstream_proto::v1::{ContainerWaiting, EventType, Phase};
+    ///
+    /// let rules = Rules::default();
+    /// let mut event = PodEvent::default();
+    /// event.set_phase(Phase::Running);
+    /// assert_eq!(rules.outcome(&event), Outcome::Running);
+    ///
+    /// // A DELETED without a deletion timestamp is a pod leaving the selector (a relabel),
+    /// // never a deletion: seed 001.
+    /// event.set_type(EventType::Deleted);
+    /// assert_eq!(rules.outcome(&event), Outcome::Ignored(Ignored::LeftSelector));
+    ///
+    /// // A pending pod whose image cannot be pulled fails its task.
+    /// let mut pending = PodEvent::default();
+    /// pending.set_phase(Phase::Pending);
+    /// pending.first_app_waiting = Some(ContainerWaiting {
+    ///     container: "base".into(),
+    ///     reason: "ErrImagePull".into(),
+    ///     message: String::new(),
+    /// });
+    /// assert!(matches!(rules.outcome(&pending), Outcome::Fail(_)));
+    /// ```
     pub fn outcome(&self, event: &PodEvent) -> Outcome {
         if event.revoked {
             return Outcome::Ignored(Ignored::Revoked);

@@ -273,6 +273,33 @@ pub enum Verdict {
 
 /// What `command`, at commands-stream `sequence` when it came from the bus, may do to the TI
 /// `row` (`None` when no TI has its key), under `policy`.
+///
+/// ```
+/// use podstream_proto::v1::Running;
+/// use podstream_proto::v1::command::Kind;
+/// use podstream_proto::{Command, TaskKey};
+/// use podstream_sink::guard::{Policy, Skip, TiRow, Verdict, verdict};
+///
+/// let task = TaskKey {
+///     dag_id: "etl".into(),
+///     task_id: "load".into(),
+///     run_id: "manual__2026-11-30".into(),
+///     map_index: -1,
+///     try_number: 1,
+///     ..Default::default()
+/// };
+/// let command = Command {
+///     task: Some(task),
+///     kind: Some(Kind::Running(Running {})),
+///     ..Default::default()
+/// };
+/// let policy = Policy::with_launch_failure_excluded_reasons("Error");
+/// // No task instance has the key: nothing to move.
+/// assert_eq!(verdict(&command, None, None, &policy), Verdict::Skip(Skip::UnknownTi));
+/// // The task instance has moved on to try 2: news of try 1 is stale.
+/// let row = TiRow::new(Some("running"), 2, 3);
+/// assert_eq!(verdict(&command, None, Some(&row), &policy), Verdict::Skip(Skip::NewerTry));
+/// ```
 pub fn verdict(
     command: &Command,
     sequence: Option<u64>,
