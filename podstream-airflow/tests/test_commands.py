@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ADOPTED
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import annotations_to_key
-
 from conftest import SCHEDULER, command
+
 from podstream_airflow.commands import Ignored, WatcherEvent, meaning
 from podstream_airflow.wire import message_class
 

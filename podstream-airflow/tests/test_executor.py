@@ -340,9 +340,8 @@ def _podstream_tables() -> str:
 
 def _record(task_id: str, pod_name: str, last_command: str) -> None:
     """A row of the sink's record of a TI's current pod."""
-    from sqlalchemy import text
-
     from airflow.utils.session import create_session
+    from sqlalchemy import text
 
     with create_session() as session:
         session.execute(

@@ -46,6 +46,32 @@ fn the_package_reads_the_spark_bucket_the_processor_writes() {
     assert!(config.contains(&default), "config.py lacks {default}");
 }
 
+/// The package passes ruff (errors, import order, likely bugs) and mypy, in the newest Airflow
+/// (pyproject.toml holds their settings).
+#[test]
+fn the_package_passes_ruff_and_mypy() {
+    let airflow = Airflow::newest();
+    let python = airflow.venv_bin().join("python");
+    let package = workspace_root().join("podstream-airflow");
+    for check in [
+        &["-m", "ruff", "check", "--no-cache", "src", "tests"][..],
+        &["-m", "mypy", "--cache-dir=/dev/null", "src/podstream_airflow"][..],
+    ] {
+        let output = Command::new(&python)
+            .args(check)
+            .current_dir(&package)
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+        assert!(
+            output.status.success(),
+            "{check:?} in Airflow {}:\n{}\n{}",
+            airflow.short(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 #[test]
 fn the_pytest_suite_passes_in_every_airflow() {
     for airflow in Airflow::all() {

@@ -71,7 +71,7 @@ class CommandConsumer:
 
     def take(self, limit: int = INBOX_LIMIT) -> list:
         """The deliveries that have arrived, at most ``limit``, without waiting."""
-        taken = []
+        taken: list[Delivery] = []
         while len(taken) < limit:
             try:
                 taken.append(self._inbox.get_nowait())

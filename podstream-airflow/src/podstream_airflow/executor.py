@@ -16,13 +16,13 @@ import os
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, cast
 
+from airflow import settings
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
-from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import annotations_to_key
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
-from airflow import settings
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import annotations_to_key
 from airflow.stats import Stats
 from airflow.utils.state import TaskInstanceState
 from google.protobuf.message import DecodeError
@@ -62,11 +62,11 @@ def _launcher_without_watchers() -> Iterator[None]:
     # ``KubernetesExecutor.start`` builds its launcher by name from this module, and the
     # launcher starts its watchers in its constructor: the name is swapped for that one call.
     stock = kubernetes_executor_utils.AirflowKubernetesScheduler
-    kubernetes_executor_utils.AirflowKubernetesScheduler = _SchedulerWithoutWatchers
+    kubernetes_executor_utils.AirflowKubernetesScheduler = _SchedulerWithoutWatchers  # type: ignore[misc]
     try:
         yield
     finally:
-        kubernetes_executor_utils.AirflowKubernetesScheduler = stock
+        kubernetes_executor_utils.AirflowKubernetesScheduler = stock  # type: ignore[misc]
 
 
 class PodstreamKubernetesExecutor(KubernetesExecutor):
@@ -81,12 +81,18 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         #: ``sync``, once the scheduler loop has committed what they did.
         self._uncommitted: list = []
 
+    def _scheduler(self) -> str:
+        """This scheduler's job id, which Airflow sets before it starts the executor."""
+        if self.scheduler_job_id is None:
+            raise RuntimeError("podstream: the executor has no scheduler job id; Airflow sets it before start()")
+        return str(self.scheduler_job_id)
+
     def start(self) -> None:
         """Starts the pod launcher (without watchers) and the podstream consumer."""
         with _launcher_without_watchers():
             super().start()
-        config = PodstreamConfig.from_airflow(self.scheduler_job_id)
-        self.podstream = CommandConsumer(config, self.scheduler_job_id)
+        config = PodstreamConfig.from_airflow(self._scheduler())
+        self.podstream = CommandConsumer(config, self._scheduler())
         self.podstream.start()
 
     def sync(self) -> None:
@@ -124,7 +130,7 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
             self.log.debug("podstream: command %s was handled already", command.id)
             return None
         self._remember(command.id)
-        what = meaning(command, self.scheduler_job_id)
+        what = meaning(command, self._scheduler())
         if isinstance(what, Ignored):
             self.log.info(
                 "podstream: %s for %s (pod %s): nothing to do here (%s)",
@@ -152,6 +158,8 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
             event.pod_name,
             event.state,
         )
+        if TYPE_CHECKING:
+            assert self.kube_scheduler is not None
         self.kube_scheduler.watcher_queue.put(event)
         if what.state == TaskInstanceState.FAILED.value:
             _hold_if_asked(self.log)
@@ -165,6 +173,8 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         remaining = {ti.key: ti for ti in tis}
         for namespace, name in live_pods(tis):
             try:
+                if TYPE_CHECKING:
+                    assert self.kube_client is not None
                 pod = self.kube_client.read_namespaced_pod(name=name, namespace=namespace)
             except ApiException as error:
                 self.log.info("podstream: pod %s/%s is not there to adopt (%s)", namespace, name, error.status)
@@ -195,7 +205,7 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
             self._handled.popitem(last=False)
 
 
-def _hold_if_asked(log: logging.Logger) -> None:
+def _hold_if_asked(log: Any) -> None:
     """The test hook of ``HOLD_AFTER_TAKING_ENV``: holds the scheduler loop for good, once."""
     folder = os.environ.get(HOLD_AFTER_TAKING_ENV)
     if not folder:
@@ -229,6 +239,8 @@ def live_pods(tis: Sequence[Any]) -> list:
     try:
         # A connection of its own: the scheduler's session holds the TIs being adopted, and
         # closing it (as a `create_session` block does) would detach them.
+        if settings.engine is None:
+            raise SQLAlchemyError("Airflow has no database engine configured")
         with settings.engine.connect() as connection:
             rows = connection.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
     except SQLAlchemyError as error:
@@ -244,7 +256,8 @@ def _watch(event: WatcherEvent) -> KubernetesWatch:
         event.state,
         event.annotations,
         event.resource_version,
-        event.failure_details,
+        # A plain dict of the fields the provider's ``FailureDetails`` names.
+        cast(Any, event.failure_details),
     )
 
 

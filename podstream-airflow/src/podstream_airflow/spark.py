@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import nats
 import nats.js.errors
@@ -90,7 +90,7 @@ class PodstreamSparkKubernetesOperator(SparkKubernetesOperator):
         """The driver pod podstream chose for this task instance, when the cluster still
         lists it under the stock selector; otherwise the stock ``find_spark_job``."""
         labels = self._get_ti_pod_labels(context, include_try_number=False)
-        chosen = chosen_driver(PodstreamConfig.from_airflow("spark"), job_key(self.namespace, labels))
+        chosen = chosen_driver(PodstreamConfig.from_airflow("spark"), job_key(cast(str, self.namespace), labels))
         if chosen is not None:
             name = chosen["pod"].get("name", "")
             selector = self._build_find_pod_label_selector(context, exclude_checked=exclude_checked) + ",spark-role=driver"
