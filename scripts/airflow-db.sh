@@ -7,6 +7,8 @@
 # each in its own venv under target/tools/airflow-<v> with the cncf.kubernetes provider the
 # list pins, so the executor and its Python Kubernetes client are there for the tests.
 # Called by scripts/setup.sh, which provides uv ($UV, with its cache in $UV_CACHE_DIR).
+# PODSTREAM_AIRFLOW_LINES (space-separated lines) and PODSTREAM_AIRFLOW_DBS (`sqlite`, `pg` or
+# both) narrow it, as `setup.sh --demo` does; by default every line and both databases.
 set -euo pipefail
 : "${UV:?run scripts/setup.sh, which installs uv}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,6 +21,7 @@ declare -A kubernetes_provider=()
 lines=()
 while IFS=$'\t' read -r line release provider _head; do
     case "$line" in ''|'#'*) continue ;; esac
+    case " ${PODSTREAM_AIRFLOW_LINES:-$line} " in *" $line "*) ;; *) continue ;; esac
     lines+=("$line")
     airflow_release[$line]="$release"
     kubernetes_provider[$line]="$provider"
@@ -89,7 +92,7 @@ migrate_pg() {
 jobs_failed=0
 running=0
 for v in "${lines[@]}"; do
-    for db in sqlite pg; do
+    for db in ${PODSTREAM_AIRFLOW_DBS:-sqlite pg}; do
         case "$db" in
             sqlite) [ -f "$out/airflow-$v.sqlite" ] && continue ;;
             pg) [ -f "$out/airflow-$v.pg.sql" ] && continue ;;

