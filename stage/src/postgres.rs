@@ -267,3 +267,105 @@ impl Drop for PgCluster {
             .status();
     }
 }
+
+/// How PgBouncer hands server connections to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// A server connection per client session.
+    Session,
+    /// A server connection per transaction, shared between clients.
+    Transaction,
+}
+
+/// Debian's PgBouncer in front of one database of a [`PgCluster`], killed on drop.
+pub struct PgBouncer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PgBouncer {
+    /// PgBouncer for `database` of `cluster`, trusting `postgres`, in `mode`; with
+    /// `ignore_extra_float_digits`, told to ignore that startup parameter (as installs that
+    /// serve drivers sending it are).
+    ///
+    /// # Panics
+    /// When it cannot start (scripts/setup.sh installs Debian's `pgbouncer`).
+    pub fn start(
+        cluster: &PgCluster,
+        database: &str,
+        mode: PoolMode,
+        ignore_extra_float_digits: bool,
+    ) -> PgBouncer {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
+        let port = crate::free_port();
+        let mode = match mode {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+        };
+        let ignore = if ignore_extra_float_digits {
+            "ignore_startup_parameters = extra_float_digits\n"
+        } else {
+            ""
+        };
+        let users = dir.path().join("users.txt");
+        let log = dir.path().join("pgbouncer.log");
+        let ini = dir.path().join("pgbouncer.ini");
+        let text = format!(
+            "[databases]\n{database} = host=127.0.0.1 port={} dbname={database} user=postgres\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {}\npool_mode = {mode}\ndefault_pool_size = 4\n\
+             logfile = {}\n{ignore}",
+            cluster.port,
+            users.display(),
+            log.display(),
+        );
+        std::fs::write(&users, "\"postgres\" \"\"\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&ini, text).unwrap_or_else(|e| panic!("{e}"));
+        for file in [&users, &ini] {
+            let _ = Command::new("chmod").arg("644").arg(file).status();
+        }
+        // It refuses to run as root, as PostgreSQL does; in a process group of its own, so
+        // that ending the group ends it and runuser together.
+        let child = std::os::unix::process::CommandExt::process_group(
+            as_postgres(Path::new("/usr/sbin/pgbouncer"))
+                .arg(&ini)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            0,
+        )
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting pgbouncer: {e}"));
+        crate::kill_when_this_process_ends(crate::Doomed::Group(child.id()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pgbouncer did not listen: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        PgBouncer {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// The URL of its database, as the sink would be given it.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}

@@ -66,7 +66,10 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
     BufReader::new(follower.stderr.take().unwrap())
         .read_line(&mut ready)
         .unwrap();
-    assert!(ready.starts_with("following podstream.commands.1.*"), "{ready}");
+    assert!(
+        ready.starts_with("following podstream.commands.1.*"),
+        "{ready}"
+    );
     let (lines, received) = mpsc::channel();
     let stdout = follower.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -96,7 +99,11 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
         .iter()
         .map(|line| line.get("running").is_some())
         .collect();
-    assert_eq!(kinds, [true, false], "running, then the failure: {printed:#?}");
+    assert_eq!(
+        kinds,
+        [true, false],
+        "running, then the failure: {printed:#?}"
+    );
     assert!(printed[1].get("fail").is_some(), "{printed:#?}");
     for line in &printed {
         assert_eq!(line["owner"], "1", "{line}");

@@ -55,7 +55,12 @@ fn the_package_passes_ruff_and_mypy() {
     let package = workspace_root().join("podstream-airflow");
     for check in [
         &["-m", "ruff", "check", "--no-cache", "src", "tests"][..],
-        &["-m", "mypy", "--cache-dir=/dev/null", "src/podstream_airflow"][..],
+        &[
+            "-m",
+            "mypy",
+            "--cache-dir=/dev/null",
+            "src/podstream_airflow",
+        ][..],
     ] {
         let output = Command::new(&python)
             .args(check)

@@ -1,10 +1,12 @@
 //! The sink on real Airflow databases and as the `podstream sink` service on a real
 //! nats-server, by topic: the apply rules (`rules.rs`), the service (`service.rs`), outages
-//! (`outages.rs`), pruning applied ids (`retention.rs`); `support.rs` holds what they share.
+//! (`outages.rs`), behind PgBouncer (`pooler.rs`), pruning applied ids (`retention.rs`);
+//! `support.rs` holds what they share.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod outages;
+mod pooler;
 mod retention;
 mod rules;
 mod service;
