@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use podstream_proto::subject::{DEFAULT_PREFIX, Subjects, TokenError};
 
-use crate::StreamSettings;
-
 /// The NATS server a component connects to unless told otherwise.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Seconds in which a re-published message is dropped as a duplicate, by default.
@@ -81,4 +79,23 @@ pub fn default_max_age() -> Duration {
 /// The default ack wait of the durable consumers.
 pub fn default_ack_wait() -> Duration {
     Duration::from_secs(DEFAULT_ACK_WAIT_SECONDS)
+}
+
+/// Settings every podstream stream shares. A setting left `None` is not this component's to
+/// change: a stream that exists keeps its own, one this component creates gets the default.
+/// A setting given (a flag) is applied to an existing stream too, with a log line, so
+/// components started with different flags never undo each other's choices silently.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StreamSettings {
+    /// Replicas (1 for a single server, 3 for a cluster); default 1.
+    pub replicas: Option<usize>,
+    /// Window in which a re-published `Nats-Msg-Id` is dropped as a duplicate; default
+    /// [`DEFAULT_DUPLICATE_WINDOW_SECONDS`].
+    pub duplicate_window: Option<Duration>,
+    /// How long messages are kept (the replay horizon; zero: forever); default
+    /// [`DEFAULT_MAX_AGE_HOURS`].
+    pub max_age: Option<Duration>,
+    /// Bytes a stream keeps at most, its oldest messages going first (0: no limit); default
+    /// no limit. A cap reached while a stage lags drops what it has not read yet.
+    pub max_bytes: Option<u64>,
 }

@@ -30,8 +30,9 @@ pub mod streams;
 
 pub use backoff::Backoff;
 pub use config::BusConfig;
+pub use config::StreamSettings;
 pub use connect::{NatsCredentials, NatsSecurity, NatsTls, connect};
 pub use health::{Condition, Health};
 pub use in_flight::{Held, InFlight, Inbox};
 pub use start::{OnTheBus, StartError, start};
-pub use streams::{StreamError, StreamSettings};
+pub use streams::StreamError;

@@ -5,24 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use podstream_proto::subject::{Stream, Subjects};
 
-/// Settings every podstream stream shares. A setting left `None` is not this component's to
-/// change: a stream that exists keeps its own, one this component creates gets the default.
-/// A setting given (a flag) is applied to an existing stream too, with a log line, so
-/// components started with different flags never undo each other's choices silently.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct StreamSettings {
-    /// Replicas (1 for a single server, 3 for a cluster); default 1.
-    pub replicas: Option<usize>,
-    /// Window in which a re-published `Nats-Msg-Id` is dropped as a duplicate; default
-    /// [`DEFAULT_DUPLICATE_WINDOW_SECONDS`](crate::config::DEFAULT_DUPLICATE_WINDOW_SECONDS).
-    pub duplicate_window: Option<Duration>,
-    /// How long messages are kept (the replay horizon; zero: forever); default
-    /// [`DEFAULT_MAX_AGE_HOURS`](crate::config::DEFAULT_MAX_AGE_HOURS).
-    pub max_age: Option<Duration>,
-    /// Bytes a stream keeps at most, its oldest messages going first (0: no limit); default
-    /// no limit. A cap reached while a stage lags drops what it has not read yet.
-    pub max_bytes: Option<u64>,
-}
+pub use crate::config::StreamSettings;
 
 /// A stream as podstream wants it: the configuration it is created with, and which of its
 /// settings an existing stream is brought to.
