@@ -331,6 +331,27 @@ pub fn bucket_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
 
+/// Opens KV bucket `name` (see [`bucket`]) for records kept as long and as replicated as the
+/// stream `beside` that they follow, one value per key, on file storage.
+pub async fn bucket_beside(
+    js: &jetstream::Context,
+    name: &str,
+    description: &str,
+    beside: &stream::Config,
+) -> Result<jetstream::kv::Store, StreamError> {
+    let wanted = jetstream::kv::Config {
+        bucket: name.to_owned(),
+        description: description.to_owned(),
+        history: 1,
+        // Records of what has had no event for this long go; no older event can come again.
+        max_age: beside.max_age,
+        storage: stream::StorageType::File,
+        num_replicas: beside.num_replicas,
+        ..Default::default()
+    };
+    bucket(js, wanted).await
+}
+
 /// Opens KV bucket `wanted.bucket`, creating it with `wanted` when it does not exist (an
 /// existing bucket is used as it is). File storage and history 1 unless `wanted` says otherwise.
 pub async fn bucket(

@@ -96,17 +96,8 @@ async fn open_bucket(
     config: &ProcessConfig,
     pods: &stream::Config,
 ) -> anyhow::Result<kv::Store> {
-    let wanted = kv::Config {
-        bucket: config.bucket.clone(),
-        description: "podstream processor: per task instance, its pods' states".into(),
-        history: 1,
-        // Records of TIs without events for this long go; no event older can be redelivered.
-        max_age: pods.max_age,
-        storage: stream::StorageType::File,
-        num_replicas: pods.num_replicas,
-        ..Default::default()
-    };
-    streams::bucket(js, wanted)
+    let description = "podstream processor: per task instance, its pods' states";
+    streams::bucket_beside(js, &config.bucket, description, pods)
         .await
         .with_context(|| format!("opening KV bucket {}", config.bucket))
 }

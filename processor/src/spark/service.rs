@@ -131,17 +131,8 @@ async fn open_spark_bucket(
     bucket: &str,
     spark: &stream::Config,
 ) -> anyhow::Result<kv::Store> {
-    let wanted = kv::Config {
-        bucket: bucket.to_owned(),
-        description: "podstream processor: per Spark job, its driver pods and the driver chosen"
-            .into(),
-        history: 1,
-        max_age: spark.max_age,
-        storage: stream::StorageType::File,
-        num_replicas: spark.num_replicas,
-        ..Default::default()
-    };
-    streams::bucket(js, wanted)
+    let description = "podstream processor: per Spark job, its driver pods and the driver chosen";
+    streams::bucket_beside(js, bucket, description, spark)
         .await
         .map_err(|error| anyhow::anyhow!("opening KV bucket {bucket}: {error}"))
 }
