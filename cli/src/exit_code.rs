@@ -20,7 +20,8 @@ pub enum Exit {
     /// database or the Kubernetes API refusing what podstream asked.
     Unavailable = 69,
     /// The command's configuration is wrong: a URL that names nothing, credentials refused,
-    /// a secret file that cannot be read, a kubeconfig that does not load.
+    /// a secret file that cannot be read, a kubeconfig that does not load, a Kubernetes Role
+    /// that lacks a permission the ingest needs.
     Config = 78,
 }
 
@@ -50,6 +51,7 @@ impl Exit {
                 }
                 if cause.is::<kube::config::InferConfigError>()
                     || cause.is::<kube::config::KubeconfigError>()
+                    || cause.is::<podstream_ingest::access::Forbidden>()
                 {
                     return Some(Exit::Config);
                 }
@@ -75,7 +77,7 @@ mod tests {
     /// Each class from the error that decides it, however deep in the chain.
     #[test]
     fn an_error_exits_with_its_class() {
-        let table: [(anyhow::Error, Exit); 7] = [
+        let table: [(anyhow::Error, Exit); 8] = [
             (
                 anyhow::Error::new(DbError::Url("x".into(), "no".into())).context("starting"),
                 Exit::Config,
@@ -109,6 +111,13 @@ mod tests {
             (
                 anyhow::Error::new(sqlx::Error::PoolTimedOut).context("applying"),
                 Exit::Unavailable,
+            ),
+            (
+                anyhow::Error::new(podstream_ingest::access::Forbidden {
+                    missing: Vec::new(),
+                })
+                .context("starting the ingest"),
+                Exit::Config,
             ),
             (anyhow::anyhow!("a story did not end right"), Exit::Failure),
         ];

@@ -59,7 +59,7 @@ struct Cli {
 const EXIT_STATUS: &str = "Exit status: 0 success; 1 failure; 2 usage (a flag or value clap refuses); \
 65 data (the database is not an Airflow one podstream works on); 69 unavailable (nats-server \
 missing or older than 2.11, the database refusing); 78 configuration (a URL, credential, secret \
-file or kubeconfig that is wrong).";
+file or kubeconfig that is wrong, a Kubernetes permission the ingest lacks).";
 
 /// How log lines are written to standard error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -3,6 +3,7 @@
 //! - [`projection`]: a worker `Pod` reduced to the `PodEvent` the rules need,
 //!   or a typed reason why it cannot be; [`dead_pod`]: what a dead letter keeps of a pod it
 //!   could not use (never its spec).
+//! - [`access`]: the Kubernetes permissions the ingest's calls need, asked before it starts.
 //! - [`known`]: what the ingest publishes for each observed pod (the pure core: skips,
 //!   owner notices, synthesized deletes).
 //! - [`listing`]: what one watched scope's list is doing (held back or streaming), as a
@@ -21,6 +22,7 @@
 //!   each (`--spark`); [`spark::projection`]: one reduced to the `SparkEvent` the choice of
 //!   driver reads.
 
+pub mod access;
 pub mod checkpoint;
 pub mod dead_pod;
 pub mod json_scan;

@@ -9,7 +9,9 @@
 //! story's outcome.
 
 pub mod airflow;
+pub mod control_plane;
 pub mod nats;
+pub mod pki;
 pub mod postgres;
 pub mod real_airflow;
 pub mod stories;
@@ -63,6 +65,25 @@ pub fn kill_when_this_process_ends(doomed: Doomed) {
     }
 }
 
+/// Starts a watcher that removes `dir` once this process has ended (a shared server's data,
+/// which no drop removes).
+pub fn remove_when_this_process_ends(dir: &Path) {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; sleep 2; rm -rf '{dir}'",
+        pid = std::process::id(),
+        dir = dir.display(),
+    );
+    let spawned = Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Err(error) = spawned {
+        eprintln!("no watcher for {}: {error}", dir.display());
+    }
+}
+
 /// Makes `path` the `podstream` binary the stage runs (the demo passes its own), if none was
 /// chosen yet.
 pub fn use_podstream_binary(path: PathBuf) {
@@ -113,22 +134,13 @@ pub fn build_podstream(release: bool) -> PathBuf {
         .join("podstream")
 }
 
-/// Runs `kubectl --kubeconfig FILE <args>` to completion: (success, stdout, stderr).
+/// Runs the kubectl `scripts/setup.sh` builds, `kubectl --kubeconfig FILE <args>`, to
+/// completion: (success, stdout, stderr).
 ///
 /// # Panics
 /// When kubectl cannot be started.
 pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl (scripts/setup.sh installs it): {e}"));
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    control_plane::kubectl_with_input(kubeconfig, args, "")
 }
 
 /// A TCP port that is free on 127.0.0.1 now (for servers the stage starts).

@@ -179,7 +179,7 @@ impl Recorder {
     fn start(kubeconfig: &Path) -> Recorder {
         let start = Instant::now();
         let entries: Arc<Mutex<Vec<(Duration, String)>>> = Arc::default();
-        let watch = Command::new("kubectl")
+        let watch = Command::new(crate::control_plane::tool("kubectl"))
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args([

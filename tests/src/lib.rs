@@ -1,17 +1,17 @@
 //! What every end-to-end test needs: the fixtures, the built `podstream`
-//! binary, a real `nats-server` ([`nats`]), stock kubectl, and (through
-//! `podstream_sim::Server`) the Kubernetes API simulator.
+//! binary, a real `nats-server` ([`nats`]), the kubectl `scripts/setup.sh` builds, the
+//! Kubernetes API simulator (through `podstream_sim::Server`) and the real control plane
+//! ([`control_plane`]).
 
 pub mod browser;
 pub mod bus;
 pub mod component;
-pub mod pki;
 pub mod recovery;
 pub mod sink;
 
 pub use podstream_stage::{
-    airflow, free_port, kubectl, nats, podstream_binary, postgres, real_airflow, stories,
-    workspace_root,
+    airflow, control_plane, free_port, kubectl, nats, pki, podstream_binary, postgres,
+    real_airflow, stories, workspace_root,
 };
 
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ impl KubectlWatch {
     /// # Panics
     /// When kubectl cannot be started.
     pub fn start(kubeconfig: &Path, args: &[&str]) -> KubectlWatch {
-        let mut child = Command::new("kubectl")
+        let mut child = Command::new(podstream_stage::control_plane::tool("kubectl"))
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(args)
@@ -115,7 +115,7 @@ impl Drop for KubectlWatch {
 
 /// Whether the kubectl on PATH has `patch --subresource` (kubectl ≥ 1.24).
 pub fn kubectl_has_subresource_flag() -> bool {
-    Command::new("kubectl")
+    Command::new(podstream_stage::control_plane::tool("kubectl"))
         .args(["patch", "--help"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("--subresource"))

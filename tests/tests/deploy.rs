@@ -42,9 +42,11 @@ fn run(command: &mut Command) -> String {
 
 /// The overlay rendered: its YAML in a file of its own dir, and its objects.
 fn render(overlay: &str, dir: &Path) -> (PathBuf, Vec<Value>) {
-    let yaml = run(Command::new("kubectl")
-        .arg("kustomize")
-        .arg(workspace_root().join("deploy/overlays").join(overlay)));
+    let yaml = run(
+        Command::new(podstream_stage::control_plane::tool("kubectl"))
+            .arg("kustomize")
+            .arg(workspace_root().join("deploy/overlays").join(overlay)),
+    );
     let file = dir.join(format!("{overlay}.yaml"));
     std::fs::write(&file, &yaml).unwrap();
     // PyYAML comes with checkov: the rendered documents as JSON.
@@ -296,7 +298,11 @@ fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
         "resources:\n  - ../../deploy/overlays/stock-executor\ncomponents:\n  - ../../deploy/monitoring\n",
     )
     .unwrap();
-    let yaml = run(Command::new("kubectl").arg("kustomize").arg(overlay.path()));
+    let yaml = run(
+        Command::new(podstream_stage::control_plane::tool("kubectl"))
+            .arg("kustomize")
+            .arg(overlay.path()),
+    );
     let rendered = overlay.path().join("rendered.yaml");
     std::fs::write(&rendered, yaml).unwrap();
     let objects = yaml_documents(&rendered);

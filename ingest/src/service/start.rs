@@ -1,5 +1,5 @@
-//! The ingest's start: the checkpoint interval checked against the duplicate window, on the
-//! bus with its streams, the Lease won (a standby waits here), then the checkpoint claimed
+//! The ingest's start: its Kubernetes permissions asked of the API server, the checkpoint
+//! interval checked against the duplicate window, on the bus with its streams, the Lease won (a standby waits here), then the checkpoint claimed
 //! and loaded.
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use podstream_proto::subject::Stream;
 use super::publishing::Ingest;
 use super::watch::BURST;
 use super::{IngestConfig, IngestStats, worker_selector};
+use crate::access;
 use crate::checkpoint::Checkpoint;
 use crate::known::KnownPods;
 use crate::leadership::{self, Fence, Leadership};
@@ -30,6 +31,13 @@ pub(super) async fn start(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Option<Started>> {
     let health = &config.health;
+    let needed = access::needed(&config.namespaces, config.lease.as_ref(), config.spark);
+    if access::require(kube, &needed).await? == access::Checked::Granted {
+        tracing::info!(
+            permissions = needed.len(),
+            "the ingest's Kubernetes permissions are granted"
+        );
+    }
     // Before connecting, against the window given (or the default); after, against the
     // stream's own.
     fits_the_duplicate_window(

@@ -67,6 +67,19 @@ impl Pki {
         self.write(&format!("{name}-key.pem"), &key.serialize_pem());
     }
 
+    /// Writes `<name>-key.pem` and `<name>-pub.pem`: a bare key pair (a token signer's), the
+    /// private key in PKCS#8 and the public one as SubjectPublicKeyInfo.
+    ///
+    /// # Panics
+    /// When the key cannot be made or written.
+    pub fn key_pair(&self, name: &str) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("key {name}: {e}"));
+        (
+            self.write(&format!("{name}-key.pem"), &key.serialize_pem()),
+            self.write(&format!("{name}-pub.pem"), &key.public_key_pem()),
+        )
+    }
+
     /// A file in the PKI's dir.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)

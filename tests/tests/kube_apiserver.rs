@@ -1,0 +1,475 @@
+//! podstream against a real Kubernetes control plane: the kube-apiserver and etcd that
+//! `scripts/setup.sh` builds from their Go modules, with RBAC and admission on. Each test takes
+//! a namespace of its own on the control plane this test process shares.
+//!
+//! The ingest's watch: every (uid, resourceVersion) once on its owner's subject, a restart
+//! after etcd compacted its history (`410 Gone`, a relist, synthesized deletes), and a list of
+//! ten thousand pods in pages.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use podstream_bus::BusConfig;
+use podstream_ingest::service::{self, IngestConfig, IngestStats};
+use podstream_proto::subject::{Subjects, stream_names};
+use podstream_proto::v1::EventType;
+use podstream_sim::WorkerPod;
+use podstream_tests::bus;
+use podstream_tests::control_plane::{ControlPlane, Options};
+use podstream_tests::nats::NatsServer;
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const PODS: &str = stream_names::PODS;
+
+/// A kube client for `kubeconfig`.
+async fn client(kubeconfig: &Path) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+struct Ingest {
+    task: JoinHandle<anyhow::Result<IngestStats>>,
+    stop: oneshot::Sender<()>,
+}
+
+async fn start_ingest(plane: &ControlPlane, namespace: &str, nats: &str) -> Ingest {
+    podstream_tests::init_tracing();
+    let config = IngestConfig {
+        bus: BusConfig::at(nats),
+        namespaces: vec![namespace.to_owned()],
+        checkpoint_interval: Duration::from_millis(50),
+        ..IngestConfig::default()
+    };
+    let kube = client(plane.admin_kubeconfig()).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(service::run(config, kube, async move {
+        let _ = stopped.await;
+    }));
+    Ingest { task, stop }
+}
+
+impl Ingest {
+    async fn stop(self) -> IngestStats {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap()
+    }
+}
+
+/// What the API server said a pod is at one revision, with its owner then.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Fact {
+    uid: String,
+    rv: u64,
+    owner: String,
+}
+
+fn fact(pod: &Pod) -> Fact {
+    Fact {
+        uid: pod.metadata.uid.clone().unwrap(),
+        rv: pod
+            .metadata
+            .resource_version
+            .as_ref()
+            .unwrap()
+            .parse()
+            .unwrap(),
+        owner: pod.metadata.labels.as_ref().unwrap()["airflow-worker"].clone(),
+    }
+}
+
+/// Drives pods through the real API server, as Airflow and a kubelet would, and records what
+/// it answered: every revision written, every relabel, every pod deleted.
+struct Scenario {
+    pods: Api<Pod>,
+    namespace: String,
+    facts: Vec<Fact>,
+    relabels: usize,
+    /// Per deleted pod's uid: its last written revision, and its delete's.
+    deleted: HashMap<String, (u64, u64)>,
+    /// Each pod's uid by name.
+    pods_named: HashMap<String, String>,
+}
+
+impl Scenario {
+    fn new(kube: kube::Client, namespace: &str) -> Scenario {
+        Scenario {
+            pods: Api::namespaced(kube, namespace),
+            namespace: namespace.to_owned(),
+            facts: Vec::new(),
+            relabels: 0,
+            deleted: HashMap::new(),
+            pods_named: HashMap::new(),
+        }
+    }
+
+    fn worker_pod(&self, name: &str, owner: &str) -> Pod {
+        let mut pod = WorkerPod::new(
+            name,
+            owner,
+            "etl",
+            name,
+            "scheduled__2026-11-30T10:00:00+00:00",
+        );
+        pod.namespace.clone_from(&self.namespace);
+        serde_json::from_value(pod.to_json()).unwrap()
+    }
+
+    async fn create(&mut self, name: &str, owner: &str) {
+        let pod = self.worker_pod(name, owner);
+        let created = self
+            .pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        let created = fact(&created);
+        self.pods_named.insert(name.to_owned(), created.uid.clone());
+        self.facts.push(created);
+    }
+
+    /// Writes the phase through the status subresource, as a kubelet does.
+    async fn phase(&mut self, name: &str, phase: &str) {
+        let patch = Patch::Merge(json!({ "status": { "phase": phase } }));
+        let pod = self
+            .pods
+            .patch_status(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+        self.facts.push(fact(&pod));
+    }
+
+    async fn relabel(&mut self, name: &str, owner: &str) {
+        let patch = Patch::Merge(json!({ "metadata": { "labels": { "airflow-worker": owner } } }));
+        let pod = self
+            .pods
+            .patch(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+        self.relabels += 1;
+        self.facts.push(fact(&pod));
+    }
+
+    /// Deletes at once (grace 0). The API server first writes the pod with its deletion
+    /// timestamp (a revision of its own, seen only by the watch), then removes it at the
+    /// revision it answers with.
+    async fn delete(&mut self, name: &str) {
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let last_written = self
+            .facts
+            .iter()
+            .rev()
+            .find(|f| self.pods_named.get(name).is_some_and(|uid| *uid == f.uid));
+        let last_written = last_written.map_or(0, |f| f.rv);
+        let answer = self.pods.delete(name, &params).await.unwrap();
+        let gone = answer.left().expect("the API server answers with the pod");
+        let gone = fact(&gone);
+        self.deleted.insert(gone.uid, (last_written, gone.rv));
+    }
+
+    /// Step `step` of pod `i`'s life: create, run, maybe relabel, end, maybe delete.
+    async fn step(&mut self, i: usize, step: usize) {
+        let name = format!("pod-{i:04}");
+        match step {
+            0 => self.create(&name, &(1 + i % 3).to_string()).await,
+            1 => self.phase(&name, "Running").await,
+            2 if i.is_multiple_of(10) => {
+                self.relabel(&name, &(1 + (i + 1) % 3).to_string()).await;
+            }
+            3 => {
+                let phase = if i.is_multiple_of(2) {
+                    "Succeeded"
+                } else {
+                    "Failed"
+                };
+                self.phase(&name, phase).await;
+            }
+            4 if i.is_multiple_of(5) => self.delete(&name).await,
+            _ => {}
+        }
+    }
+
+    /// Messages the stream must hold: an event per revision, two per delete (the deletion
+    /// timestamp's revision and the delete), a notice per relabel.
+    fn expected(&self) -> u64 {
+        (self.facts.len() + 2 * self.deleted.len() + self.relabels) as u64
+    }
+}
+
+/// One stored pod event.
+#[derive(Debug)]
+struct Event {
+    fact: Fact,
+    deleted: bool,
+    synthesized: bool,
+}
+
+/// The stream's events in order (owner notices left out), each checked to be on its owner's
+/// subject and its pod's.
+fn events(stored: &[bus::Stored]) -> Vec<Event> {
+    let subjects = Subjects::new("podstream").unwrap();
+    stored
+        .iter()
+        .filter(|m| m.header("Podstream-Role") == Some("event"))
+        .map(|message| {
+            let event = message.pod_event();
+            let pod = event.pod.as_ref().unwrap();
+            let (owner, uid) = subjects.parse(&message.subject).unwrap();
+            assert_eq!(uid, pod.uid, "the subject names the pod");
+            assert_eq!(owner, event.owner, "an event goes on its owner's subject");
+            Event {
+                fact: Fact {
+                    uid: pod.uid.clone(),
+                    rv: event.resource_version.parse().unwrap(),
+                    owner: event.owner.clone(),
+                },
+                deleted: event.r#type() == EventType::Deleted,
+                synthesized: event.synthesized,
+            }
+        })
+        .collect()
+}
+
+/// Every written revision once; every deleted pod's deletion-timestamp revision and delete
+/// once, in that order after its last written revision; each pod's events in revision order.
+fn assert_exactly(events: &[Event], scenario: &Scenario) {
+    let facts: HashSet<&Fact> = scenario.facts.iter().collect();
+    let (written, unwritten): (Vec<&Event>, Vec<&Event>) = events
+        .iter()
+        .filter(|e| !e.deleted)
+        .partition(|e| facts.contains(&e.fact));
+    let got: HashSet<&Fact> = written.iter().map(|e| &e.fact).collect();
+    assert_eq!(got.len(), written.len(), "no revision twice");
+    let missing: Vec<&Fact> = scenario
+        .facts
+        .iter()
+        .filter(|f| !got.contains(f))
+        .take(5)
+        .collect();
+    assert!(missing.is_empty(), "revisions missing, e.g. {missing:?}");
+
+    let deletes: Vec<&Event> = events.iter().filter(|e| e.deleted).collect();
+    assert_eq!(
+        deletes.len(),
+        scenario.deleted.len(),
+        "one delete per deleted pod"
+    );
+    assert_eq!(
+        unwritten.len(),
+        scenario.deleted.len(),
+        "one deletion timestamp per deleted pod"
+    );
+    for delete in deletes {
+        let (_, rv) = scenario
+            .deleted
+            .get(&delete.fact.uid)
+            .expect("a deleted pod");
+        assert_eq!(delete.fact.rv, *rv, "{delete:?}: the delete's own revision");
+    }
+    for marked in unwritten {
+        let (last, rv) = scenario
+            .deleted
+            .get(&marked.fact.uid)
+            .expect("a deleted pod");
+        assert!(
+            (*last + 1..*rv).contains(&marked.fact.rv),
+            "{marked:?}: the deletion timestamp's revision, between {last} and {rv}"
+        );
+    }
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for event in events {
+        if let Some(before) = last.insert(&event.fact.uid, event.fact.rv) {
+            assert!(
+                event.fact.rv > before,
+                "{event:?} came after revision {before}"
+            );
+        }
+    }
+}
+
+/// A nats-server, a JetStream client, a namespace of the shared control plane and an admin
+/// client for it.
+async fn rig(
+    prefix: &str,
+) -> (
+    NatsServer,
+    jetstream::Context,
+    &'static ControlPlane,
+    String,
+) {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+        .await
+        .unwrap();
+    let namespace = plane.namespace(prefix);
+    (nats, js, plane, namespace)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_revision_once_on_its_owners_subject() {
+    let (nats, js, plane, namespace) = rig("revisions").await;
+    let mut scenario = Scenario::new(client(plane.admin_kubeconfig()).await, &namespace);
+    let ingest = start_ingest(plane, &namespace, &nats.url()).await;
+    // Listed first: the sentinel reaches the stream once the watch runs.
+    scenario.create("sentinel", "0").await;
+    bus::settle(&js, PODS, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    for step in 0..5 {
+        for i in 0..60 {
+            scenario.step(i, step).await;
+        }
+    }
+    bus::settle(
+        &js,
+        PODS,
+        scenario.expected(),
+        Duration::from_millis(1500),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stats = ingest.stop().await;
+    let stored = bus::read_all(&js, PODS).await;
+    let events = events(&stored);
+    assert_exactly(&events, &scenario);
+    assert!(
+        events.iter().all(|e| !e.synthesized),
+        "the watch saw every delete"
+    );
+    assert_eq!(stats.synthesized, 0);
+    assert_eq!(stored.len() as u64, scenario.expected(), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_etcd_compacted_its_history_relists_and_loses_nothing() {
+    // A watch cache would still hold the checkpoint's revision after this short a pause; off,
+    // the watch reads etcd's compacted history, as a cluster's does after a long one.
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let plane = tokio::task::spawn_blocking(|| ControlPlane::start(Options { watch_cache: false }))
+        .await
+        .unwrap();
+    let plane = &plane;
+    let namespace = plane.namespace("compacted");
+    let mut scenario = Scenario::new(client(plane.admin_kubeconfig()).await, &namespace);
+    let ingest = start_ingest(plane, &namespace, &nats.url()).await;
+    scenario.create("sentinel", "0").await;
+    bus::settle(&js, PODS, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    for i in 0..20 {
+        scenario.step(i, 0).await;
+        scenario.step(i, 1).await;
+    }
+    bus::settle(
+        &js,
+        PODS,
+        41,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
+    ingest.stop().await;
+
+    // While it is down: some pods finish, some vanish, one appears; then etcd compacts.
+    for i in 0..5 {
+        scenario.phase(&format!("pod-{i:04}"), "Failed").await;
+    }
+    for i in 5..10 {
+        scenario.delete(&format!("pod-{i:04}")).await;
+    }
+    scenario.create("pod-late", "2").await;
+    plane.compact();
+
+    let ingest = start_ingest(plane, &namespace, &nats.url()).await;
+    bus::settle(
+        &js,
+        PODS,
+        41 + 11,
+        Duration::from_millis(1500),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stats = ingest.stop().await;
+    let events = events(&bus::read_all(&js, PODS).await);
+    let tail = &events[41..];
+    assert_eq!(
+        tail.len(),
+        11,
+        "5 failures, 5 deletes, 1 new pod: {tail:#?}"
+    );
+    let synthesized: Vec<&Event> = tail.iter().filter(|e| e.synthesized).collect();
+    assert_eq!(
+        synthesized.len(),
+        5,
+        "the deletes no watch saw are synthesized: {tail:#?}"
+    );
+    assert!(synthesized.iter().all(|e| e.deleted));
+    assert_eq!(stats.synthesized, 5);
+    // The failures arrive at their latest revision.
+    for fact in &scenario.facts[41..46] {
+        assert!(tail.iter().any(|e| &e.fact == fact), "{fact:?} published");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_pods_are_listed_in_pages_each_once() {
+    const N: usize = 10_000;
+    let (nats, js, plane, namespace) = rig("paged").await;
+    let kube = client(plane.admin_kubeconfig()).await;
+    let scenario = Scenario::new(kube.clone(), &namespace);
+    let pods: Vec<Pod> = (0..N)
+        .map(|i| scenario.worker_pod(&format!("pod-{i:05}"), &(1 + i % 4).to_string()))
+        .collect();
+    let api = scenario.pods.clone();
+    let started = Instant::now();
+    // Created eight at a time: the API server's rate, not the test's round trips, bounds it.
+    let created: Vec<Pod> = futures::stream::iter(pods)
+        .map(|pod| {
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &pod).await.unwrap() }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    eprintln!("created {N} pods in {:?}", started.elapsed());
+    // The API server pages this list: a page of 500 ends with a continue token.
+    let page = api.list(&ListParams::default().limit(500)).await.unwrap();
+    assert_eq!(page.items.len(), 500);
+    assert!(
+        page.metadata.continue_.is_some(),
+        "the API server pages the list"
+    );
+
+    let started = Instant::now();
+    let ingest = start_ingest(plane, &namespace, &nats.url()).await;
+    bus::settle(
+        &js,
+        PODS,
+        N as u64,
+        Duration::from_secs(2),
+        Duration::from_secs(240),
+    )
+    .await;
+    eprintln!("listed and published {N} pods in {:?}", started.elapsed());
+    let stats = ingest.stop().await;
+    let events = events(&bus::read_all(&js, PODS).await);
+    let want: HashSet<Fact> = created.iter().map(fact).collect();
+    let got: HashSet<Fact> = events.iter().map(|e| e.fact.clone()).collect();
+    assert_eq!(events.len(), N, "each pod once: {stats}");
+    assert_eq!(got, want, "each pod at the revision it was created at");
+}
