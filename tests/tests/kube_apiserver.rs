@@ -4,7 +4,8 @@
 //!
 //! The ingest's watch: every (uid, resourceVersion) once on its owner's subject, a restart
 //! after etcd compacted its history (`410 Gone`, a relist, synthesized deletes), and a list of
-//! ten thousand pods in pages.
+//! ten thousand pods in pages; three ingests electing one through a real Lease while leaders
+//! are killed and paused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -472,4 +474,154 @@ async fn ten_thousand_pods_are_listed_in_pages_each_once() {
     let got: HashSet<Fact> = events.iter().map(|e| e.fact.clone()).collect();
     assert_eq!(events.len(), N, "each pod once: {stats}");
     assert_eq!(got, want, "each pod at the revision it was created at");
+}
+
+/// Who holds the namespace's `podstream-ingest` Lease now.
+async fn lease_holder(kube: &kube::Client, namespace: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(kube.clone(), namespace);
+    leases
+        .get_opt("podstream-ingest")
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+/// Three `podstream ingest` processes elect a leader through a real Lease; the leader is
+/// killed (-9) twice and paused (SIGSTOP) once while pods churn: each time another takes over,
+/// the woken one exits deposed, and the stream holds every revision once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ingests_on_a_real_lease_one_leader_killed_and_paused_every_change_once() {
+    use podstream_tests::component::Component;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fault {
+        Kill,
+        Pause,
+    }
+
+    let (nats, js, plane, namespace) = rig("leader").await;
+    let kube = client(plane.admin_kubeconfig()).await;
+    let url = nats.url();
+    let names = ["ingest-a", "ingest-b", "ingest-c"];
+    let mut ingests: Vec<Component> = names
+        .iter()
+        .map(|name| {
+            Component::start_with_env(
+                podstream_tests::podstream_binary(),
+                &[
+                    "ingest",
+                    "--nats",
+                    &url,
+                    "--namespaces",
+                    &namespace,
+                    "--lease-namespace",
+                    &namespace,
+                    "--checkpoint-interval-ms",
+                    "200",
+                ],
+                plane.admin_kubeconfig(),
+                &[("POD_NAME", name)],
+            )
+        })
+        .collect();
+    let mut scenario = Scenario::new(kube.clone(), &namespace);
+    scenario.create("sentinel", "0").await;
+    bus::settle(&js, PODS, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    let leader = |holder: Option<String>| -> Option<usize> {
+        let holder = holder?;
+        names
+            .iter()
+            .position(|name| holder.starts_with(&format!("{name}_")))
+    };
+
+    let pods = 300;
+    let mut order: Vec<(usize, usize)> = (0..5)
+        .flat_map(|s| (0..pods).map(move |i| (i, s)))
+        .collect();
+    order.sort_by_key(|&(i, s)| (s * pods + (i * 7919) % pods, i));
+    let mut steps = order.into_iter();
+    let mut faults = vec![Fault::Kill, Fault::Kill, Fault::Pause].into_iter();
+    let mut next_fault_at = Instant::now() + Duration::from_secs(3);
+    let mut pending: Option<(Fault, usize, Instant)> = None;
+    let mut takeovers = Vec::new();
+    let mut paused_exit = None;
+    loop {
+        if let Some((i, s)) = steps.next() {
+            scenario.step(i, s).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let now = Instant::now();
+        match pending {
+            None if now >= next_fault_at => match faults.next() {
+                Some(fault) => {
+                    let current = leader(lease_holder(&kube, &namespace).await)
+                        .expect("a leader holds the lease");
+                    match fault {
+                        Fault::Kill => ingests[current].kill(),
+                        Fault::Pause => ingests[current].signal("STOP"),
+                    }
+                    pending = Some((fault, current, now));
+                }
+                None if paused_exit.is_some() => break,
+                None => {}
+            },
+            Some((fault, old, at)) => {
+                let holder = leader(lease_holder(&kube, &namespace).await);
+                if let Some(new) = holder.filter(|&new| new != old) {
+                    let took = at.elapsed();
+                    takeovers.push(took);
+                    eprintln!(
+                        "{fault:?} of {}: {} took over in {took:?}",
+                        names[old], names[new]
+                    );
+                    match fault {
+                        Fault::Kill => ingests[old].restart(),
+                        Fault::Pause => {
+                            ingests[old].signal("CONT");
+                            paused_exit = Some(ingests[old].wait_exit(Duration::from_secs(15)));
+                            ingests[old].restart();
+                        }
+                    }
+                    pending = None;
+                    next_fault_at = Instant::now() + Duration::from_secs(3);
+                } else {
+                    assert!(
+                        at.elapsed() < Duration::from_secs(30),
+                        "no takeover 30 s after the {fault:?} of {}",
+                        names[old]
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for (i, s) in steps {
+        scenario.step(i, s).await;
+    }
+    bus::settle(
+        &js,
+        PODS,
+        scenario.expected(),
+        Duration::from_millis(1500),
+        Duration::from_secs(90),
+    )
+    .await;
+    let stored = bus::read_all(&js, PODS).await;
+    assert_exactly(&events(&stored), &scenario);
+    assert_eq!(stored.len() as u64, scenario.expected());
+    assert_eq!(takeovers.len(), 3);
+    for took in &takeovers {
+        assert!(*took <= Duration::from_secs(15), "takeovers: {takeovers:?}");
+    }
+    let woken = paused_exit.flatten().expect("the woken old leader exits");
+    assert!(
+        !woken.success(),
+        "a deposed leader exits with an error: {woken:?}"
+    );
+    for ingest in ingests {
+        ingest.terminate();
+    }
 }
