@@ -37,7 +37,7 @@ cp "$target/debug/podstream" "$target/debug/podstream-production"
 cargo build --workspace --all-targets
 
 # The servers a test may start: whatever of these outlives the run was left behind.
-servers='postgres|nats-server|podstream|airflow|gunicorn|uvicorn'
+servers='postgres|nats-server|podstream|airflow|gunicorn|uvicorn|etcd|kube-apiserver'
 before="$(pgrep -d ' ' -f "$servers" || true)"
 status=0
 PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production" \

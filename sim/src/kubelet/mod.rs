@@ -4,6 +4,8 @@
 //! `Succeeded`/`Failed` from the exit code. A graceful delete sends SIGTERM, then SIGKILL when
 //! the grace period ends, and the pod goes once its process is gone. Faults are played on
 //! demand ([`Fault`]), and a node with `max_pods` leaves the rest Pending and unschedulable.
+//! No pod's process outlives the kubelet: dropped, it kills them; killed, a reaper of its own
+//! session kills their process groups (and those that left them).
 //!
 //! - [`plan`]: what to run for a pod (pure); [`status`]: the status writes (pure);
 //! - this file: the loop that follows the cluster's changes, and one task per running pod.
@@ -80,6 +82,7 @@ type Registry = Arc<Mutex<HashMap<PodId, Running>>>;
 pub struct Kubelet {
     pods: Registry,
     task: JoinHandle<()>,
+    escapes: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Kubelet {
@@ -93,6 +96,58 @@ struct Host {
     cluster: Cluster,
     node: Node,
     root: PathBuf,
+    reaper: Reaper,
+}
+
+/// A process of its own session that SIGKILLs every pod's process group still running when the
+/// kubelet's process ends, however it ends: a SIGKILL runs no drop, and Airflow's task
+/// processes must not outlive the node that ran them. It learns the groups through a pipe and
+/// acts when the pipe closes.
+struct Reaper {
+    orders: Mutex<Option<std::process::ChildStdin>>,
+}
+
+/// The reaper's program: `add G` and `del G` lines keep the set of live groups; at the end of
+/// its input, it kills them.
+const REAPER: &str = "declare -A live
+while read -r op group; do
+  case \"$op\" in
+    add) live[$group]=1 ;;
+    del) unset \"live[$group]\" ;;
+  esac
+done
+for group in \"${!live[@]}\"; do kill -9 -- \"-$group\" 2>/dev/null; done";
+
+impl Reaper {
+    /// Starts the reaper; without bash or setsid it warns and reaps nothing.
+    fn start() -> Reaper {
+        let spawned = std::process::Command::new("setsid")
+            .args(["bash", "-c", REAPER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let orders = match spawned {
+            Ok(mut child) => child.stdin.take(),
+            Err(error) => {
+                tracing::warn!(%error, "no reaper: pods' processes may outlive a killed kubelet");
+                None
+            }
+        };
+        Reaper {
+            orders: Mutex::new(orders),
+        }
+    }
+
+    fn tell(&self, op: &str, group: Pid) {
+        use std::io::Write as _;
+        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pipe) = orders.as_mut()
+            && writeln!(pipe, "{op} {group}").is_err()
+        {
+            *orders = None;
+        }
+    }
 }
 
 impl Kubelet {
@@ -114,9 +169,15 @@ impl Kubelet {
                 ip: "127.0.0.1".to_owned(),
             },
             root,
+            reaper: Reaper::start(),
         });
+        let escapes = tokio::spawn(hand_escapes_to_the_reaper(node.clone(), pods.clone()));
         let task = tokio::spawn(follow(node, config.max_pods, pods.clone()));
-        Ok(Kubelet { pods, task })
+        Ok(Kubelet {
+            pods,
+            task,
+            escapes,
+        })
     }
 
     /// Plays `fault` on a pod the kubelet runs now (control API), or 404.
@@ -140,6 +201,7 @@ impl Kubelet {
 impl Drop for Kubelet {
     fn drop(&mut self) {
         self.task.abort();
+        self.escapes.abort();
         let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         for running in pods.values() {
             let group = *running
@@ -165,9 +227,56 @@ fn signal_container(group: Pid, signal: Signal) {
     let _ = killpg(group, signal);
 }
 
+/// Once a second, finds the processes that left a running container's group (Airflow 2's task
+/// runner calls `setsid`) by parent links while they have them, and keeps the reaper's list of
+/// their groups current: one read of `/proc` for all pods.
+async fn hand_escapes_to_the_reaper(node: Arc<Host>, pods: Registry) {
+    let mut known: HashSet<i32> = HashSet::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let groups: Vec<i32> = pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(|running| {
+                *running
+                    .process_group
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            })
+            .map(Pid::as_raw)
+            .collect();
+        let escaped: HashSet<i32> = if groups.is_empty() {
+            HashSet::new()
+        } else {
+            let parents = parent_links();
+            groups
+                .iter()
+                .flat_map(|&group| descendants_in(&parents, group))
+                .filter(|&pid| {
+                    nix::unistd::getpgid(Some(Pid::from_raw(pid))).is_ok_and(|g| g.as_raw() == pid)
+                })
+                .collect()
+        };
+        for pid in escaped.difference(&known) {
+            node.reaper.tell("add", Pid::from_raw(*pid));
+        }
+        for pid in known.difference(&escaped) {
+            node.reaper.tell("del", Pid::from_raw(*pid));
+        }
+        known = escaped;
+    }
+}
+
 /// Every process below `root` by parent links in `/proc` (none where `/proc` cannot be read).
 fn descendants(root: i32) -> Vec<i32> {
-    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+    descendants_in(&parent_links(), root)
+}
+
+/// Every process with its parent, from `/proc`.
+fn parent_links() -> Vec<(i32, i32)> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
@@ -179,12 +288,16 @@ fn descendants(root: i32) -> Vec<i32> {
             let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
             Some((pid, ppid))
         })
-        .collect();
+        .collect()
+}
+
+/// Every process below `root` by the parent links given.
+fn descendants_in(parents: &[(i32, i32)], root: i32) -> Vec<i32> {
     let mut found = vec![root];
     let mut grew = true;
     while grew {
         grew = false;
-        for (pid, ppid) in &parents {
+        for (pid, ppid) in parents {
             if found.contains(ppid) && !found.contains(pid) {
                 found.push(*pid);
                 grew = true;
@@ -478,6 +591,9 @@ async fn run_pod(
         .and_then(|pid| i32::try_from(pid).ok())
         .map(Pid::from_raw);
     *process_group.lock().unwrap_or_else(PoisonError::into_inner) = group;
+    if let Some(group) = group {
+        node.reaper.tell("add", group);
+    }
     let signal = |signal: Signal| {
         if let Some(group) = group {
             signal_container(group, signal);
@@ -531,6 +647,9 @@ async fn run_pod(
     };
     // Whatever the task left behind in its process group goes with it.
     signal(Signal::SIGKILL);
+    if let Some(group) = group {
+        node.reaper.tell("del", group);
+    }
     let code = match &exit {
         Ok(status) => status
             .code()
