@@ -48,30 +48,26 @@ pub fn kill_when_this_process_ends(doomed: Doomed) {
         Doomed::Process(pid) => pid.to_string(),
         Doomed::Group(group) => format!("-{group}"),
     };
-    let script = format!(
-        // dash, Debian's sh, takes no `--` before a negative (group) id.
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -9 {target} 2>/dev/null",
-        pid = std::process::id(),
+    // dash, Debian's sh, takes no `--` before a negative (group) id.
+    when_this_process_ends(
+        &format!("kill -9 {target} 2>/dev/null"),
+        &format!("{doomed:?}"),
     );
-    // Its own session: a signal to the test's process group does not end it first.
-    let spawned = Command::new("setsid")
-        .args(["sh", "-c", &script])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    if let Err(error) = spawned {
-        eprintln!("no watcher for {doomed:?}: {error}");
-    }
 }
 
 /// Starts a watcher that removes `dir` once this process has ended (a shared server's data,
-/// which no drop removes).
+/// which no drop removes), after its servers' watchers have killed them.
 pub fn remove_when_this_process_ends(dir: &Path) {
+    let dir = dir.display();
+    when_this_process_ends(&format!("sleep 2; rm -rf '{dir}'"), &dir.to_string());
+}
+
+/// Runs the shell command `then` once this process has ended, from a watcher in a session of
+/// its own: a signal to the test's process group does not end it first.
+fn when_this_process_ends(then: &str, what: &str) {
     let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; sleep 2; rm -rf '{dir}'",
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {then}",
         pid = std::process::id(),
-        dir = dir.display(),
     );
     let spawned = Command::new("setsid")
         .args(["sh", "-c", &script])
@@ -80,7 +76,7 @@ pub fn remove_when_this_process_ends(dir: &Path) {
         .stderr(std::process::Stdio::null())
         .spawn();
     if let Err(error) = spawned {
-        eprintln!("no watcher for {}: {error}", dir.display());
+        eprintln!("no watcher for {what}: {error}");
     }
 }
 

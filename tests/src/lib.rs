@@ -169,7 +169,16 @@ pub async fn sim(spark: bool) -> Sim {
 /// # Panics
 /// When the kubeconfig does not load: the simulator writes it itself.
 pub async fn kube_client(server: &podstream_sim::Server) -> kube::Client {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig())
+    kube_client_of(&server.kubeconfig()).await
+}
+
+/// A kube client configured from a kubeconfig's text (the simulator's, or the control
+/// plane's).
+///
+/// # Panics
+/// When the kubeconfig does not load.
+pub async fn kube_client_of(kubeconfig: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(kubeconfig)
         .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
     let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,

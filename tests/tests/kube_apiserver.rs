@@ -35,14 +35,7 @@ const PODS: &str = stream_names::PODS;
 
 /// A kube client for `kubeconfig`.
 async fn client(kubeconfig: &Path) -> kube::Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
-    kube::Client::try_from(config).unwrap()
+    podstream_tests::kube_client_of(&std::fs::read_to_string(kubeconfig).unwrap()).await
 }
 
 struct Ingest {

@@ -189,10 +189,39 @@ fn can(plane: &ControlPlane, namespace: &str, verb: &str, resource: &str) -> boo
     out.trim() == "yes"
 }
 
-async fn nats_and_stream() -> (NatsServer, jetstream::Context) {
-    let nats = NatsServer::start();
-    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    (nats, js)
+/// A nats-server and a JetStream client; a namespace of the shared control plane with the
+/// podstream-executor overlay applied, and the ingest's ServiceAccount's kubeconfig.
+struct Rig {
+    nats: NatsServer,
+    js: jetstream::Context,
+    plane: &'static ControlPlane,
+    namespace: String,
+    kubeconfig: PathBuf,
+}
+
+impl Rig {
+    async fn new(prefix: &str) -> Rig {
+        let nats = NatsServer::start();
+        let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+            .await
+            .unwrap();
+        let namespace = plane.namespace(prefix);
+        apply_overlay(plane, &namespace, "");
+        let kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-ingest");
+        Rig {
+            nats,
+            js,
+            plane,
+            namespace,
+            kubeconfig,
+        }
+    }
+}
+
+/// Waits until `stream` holds `n` messages.
+async fn events_reach(js: &jetstream::Context, stream: &str, n: u64) {
+    bus::settle(js, stream, n, Duration::ZERO, Duration::from_secs(60)).await;
 }
 
 /// The ingest runs under deploy/'s Role with a ServiceAccount token: it leads, publishes, and
@@ -200,24 +229,17 @@ async fn nats_and_stream() -> (NatsServer, jetstream::Context) {
 /// run shows it used every verb its Role grants, and was refused none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ingest_works_under_its_role_and_uses_every_verb_it_grants() {
-    let (nats, js) = nats_and_stream().await;
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
-        .await
-        .unwrap();
-    let namespace = plane.namespace("rbac");
-    apply_overlay(plane, &namespace, "");
-    let kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-ingest");
+    let Rig {
+        nats,
+        js,
+        plane,
+        namespace,
+        kubeconfig,
+    } = Rig::new("rbac").await;
 
     let mut ingest = IngestProcess::start(&kubeconfig, &namespace, &nats.url(), "ingest-0", &[]);
     create_worker_pod(plane, &namespace, "first");
-    bus::settle(
-        &js,
-        stream_names::PODS,
-        1,
-        Duration::ZERO,
-        Duration::from_secs(60),
-    )
-    .await;
+    events_reach(&js, stream_names::PODS, 1).await;
     let first = lease_holder(plane, &namespace, "podstream-ingest").expect("a holder");
     assert!(first.starts_with("ingest-0_"), "{first}");
 
@@ -225,14 +247,7 @@ async fn the_ingest_works_under_its_role_and_uses_every_verb_it_grants() {
     ingest.kill();
     let mut ingest = IngestProcess::start(&kubeconfig, &namespace, &nats.url(), "ingest-0", &[]);
     create_worker_pod(plane, &namespace, "second");
-    bus::settle(
-        &js,
-        stream_names::PODS,
-        2,
-        Duration::ZERO,
-        Duration::from_secs(60),
-    )
-    .await;
+    events_reach(&js, stream_names::PODS, 2).await;
     let second = lease_holder(plane, &namespace, "podstream-ingest").expect("a holder");
     assert_ne!(first, second, "the new container holds the Lease");
     assert!(ingest.terminate().success(), "{}", ingest.log());
@@ -260,13 +275,13 @@ async fn the_ingest_works_under_its_role_and_uses_every_verb_it_grants() {
 /// Without any one verb its Role grants, the ingest stops at start (exit 78) naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_any_one_verb_of_its_role_the_ingest_stops_naming_it() {
-    let (nats, _js) = nats_and_stream().await;
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
-        .await
-        .unwrap();
-    let namespace = plane.namespace("least");
-    apply_overlay(plane, &namespace, "");
-    let kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-ingest");
+    let Rig {
+        nats,
+        js: _js,
+        plane,
+        namespace,
+        kubeconfig,
+    } = Rig::new("least").await;
     let mut full = role(plane, &namespace);
     // Replaced whole each time: no revision to match.
     if let Some(meta) = full["metadata"].as_object_mut() {
@@ -336,13 +351,13 @@ async fn without_any_one_verb_of_its_role_the_ingest_stops_naming_it() {
 /// shipped Role does not allow until the documented patch names it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_deployment_under_its_own_prefix_works_under_the_role_it_documents() {
-    let (nats, js) = nats_and_stream().await;
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
-        .await
-        .unwrap();
-    let namespace = plane.namespace("second");
-    apply_overlay(plane, &namespace, "");
-    let kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-ingest");
+    let Rig {
+        nats,
+        js,
+        plane,
+        namespace,
+        kubeconfig,
+    } = Rig::new("second").await;
     let prefix = [
         "--prefix",
         "airflow-b",

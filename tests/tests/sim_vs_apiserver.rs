@@ -22,7 +22,7 @@ use kube::api::{
 };
 use podstream_sim::{Server, SimConfig, WorkerPod};
 use podstream_tests::control_plane::ControlPlane;
-use podstream_tests::workspace_root;
+use podstream_tests::{kube_client_of, workspace_root};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "differential";
@@ -45,17 +45,6 @@ const LISTED: &[&str] = &[
     "get unbound, gone: a pod on one server, an error on the other",
     "watch from the first revision:",
 ];
-
-async fn client(kubeconfig: &str) -> kube::Client {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
-    kube::Client::try_from(config).unwrap()
-}
 
 /// What a server answered to one request: the object (masked), or the error's code and reason.
 fn answer<T: serde::Serialize>(result: Result<T, kube::Error>) -> Value {
@@ -271,8 +260,9 @@ async fn the_simulator_answers_as_the_real_api_server_does() {
     .unwrap();
 
     let real =
-        play(client(&std::fs::read_to_string(plane.admin_kubeconfig()).unwrap()).await).await;
-    let simulated = play(client(&sim.kubeconfig()).await).await;
+        play(kube_client_of(&std::fs::read_to_string(plane.admin_kubeconfig()).unwrap()).await)
+            .await;
+    let simulated = play(kube_client_of(&sim.kubeconfig()).await).await;
 
     let mut found = BTreeSet::new();
     let mut report = String::new();
