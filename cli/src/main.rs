@@ -13,6 +13,8 @@ mod exit_code;
 mod ingest;
 mod json_stream;
 mod kube_args;
+#[cfg(feature = "test-world")]
+mod kubelet;
 mod lease_args;
 mod lines;
 mod ops;
@@ -95,6 +97,9 @@ enum Command {
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
     #[cfg(feature = "test-world")]
     Sim(sim::SimArgs),
+    /// Run the simulator's kubelet as a node of any API server (KUBECONFIG) until killed.
+    #[cfg(feature = "test-world")]
+    Kubelet(kubelet::KubeletArgs),
 }
 
 fn main() -> ExitCode {
@@ -115,6 +120,8 @@ fn main() -> ExitCode {
         Command::Decide(args) => decide::run(args).map(|_| ()),
         #[cfg(feature = "test-world")]
         Command::Sim(args) => sim::run(args),
+        #[cfg(feature = "test-world")]
+        Command::Kubelet(args) => kubelet::run(args),
         Command::Ingest(args) => ingest::run(args),
         Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),

@@ -618,3 +618,117 @@ async fn three_ingests_on_a_real_lease_one_leader_killed_and_paused_every_change
         ingest.terminate();
     }
 }
+
+/// A pod's phase, and its first container's terminated exit code and reason, as the API server
+/// has them.
+async fn outcome(pods: &Api<Pod>, name: &str) -> Option<(String, Option<(i32, String)>)> {
+    let pod = pods.get_opt(name).await.unwrap()?;
+    let status = pod.status?;
+    let terminated = status
+        .container_statuses
+        .and_then(|c| c.into_iter().next())
+        .and_then(|c| c.state?.terminated)
+        .map(|t| (t.exit_code, t.reason.unwrap_or_default()));
+    Some((status.phase.unwrap_or_default(), terminated))
+}
+
+/// `podstream kubelet` as a node of the real API server: it registers its Node and heartbeat
+/// Lease, binds the pods that name no node, runs them, writes their status through the status
+/// subresource (what the API server validates), and honours a graceful delete: SIGTERM, and
+/// the pod goes once its process ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_runs_pods_on_the_real_api_server() {
+    use k8s_openapi::api::core::v1::Node;
+
+    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+        .await
+        .unwrap();
+    let namespace = plane.namespace("node");
+    let kube = client(plane.admin_kubeconfig()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _kubelet = podstream_tests::component::Component::start(
+        podstream_tests::podstream_binary(),
+        &["kubelet", "--dir", &dir.path().display().to_string()],
+        plane.admin_kubeconfig(),
+    );
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), &namespace);
+    let pod = |name: &str, script: &str| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": { "restartPolicy": "Never", "terminationGracePeriodSeconds": 30,
+                "containers": [{ "name": "base", "image": "none",
+                    "command": ["sh", "-c", script] }] },
+        }))
+        .unwrap()
+    };
+    for (name, script) in [
+        ("succeeds", "exit 0"),
+        ("fails", "exit 3"),
+        ("runs", "trap 'exit 0' TERM; while :; do sleep 0.1; done"),
+    ] {
+        pods.create(&PostParams::default(), &pod(name, script))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let succeeded = outcome(&pods, "succeeds").await;
+        let failed = outcome(&pods, "fails").await;
+        let running = outcome(&pods, "runs").await;
+        if succeeded == Some(("Succeeded".into(), Some((0, "Completed".into()))))
+            && failed == Some(("Failed".into(), Some((3, "Error".into()))))
+            && running
+                .as_ref()
+                .is_some_and(|(phase, _)| phase == "Running")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{succeeded:?} {failed:?} {running:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bound = pods.get("runs").await.unwrap();
+    assert_eq!(
+        bound.spec.unwrap().node_name.as_deref(),
+        Some(podstream_sim::kubelet::NODE_NAME),
+        "bound through the binding subresource"
+    );
+
+    // A graceful delete: the API server marks the pod, the kubelet stops its process and
+    // confirms with the final delete.
+    let started = Instant::now();
+    pods.delete("runs", &DeleteParams::default()).await.unwrap();
+    let marked = pods.get("runs").await.unwrap();
+    assert!(
+        marked.metadata.deletion_timestamp.is_some(),
+        "held for the node"
+    );
+    while pods.get_opt("runs").await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the kubelet never confirmed the delete"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let node = Api::<Node>::all(kube.clone())
+        .get(podstream_sim::kubelet::NODE_NAME)
+        .await
+        .unwrap();
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    assert!(ready, "the node reports Ready");
+    let heartbeat: Api<Lease> = Api::namespaced(kube, "kube-node-lease");
+    let lease = heartbeat
+        .get(podstream_sim::kubelet::NODE_NAME)
+        .await
+        .unwrap();
+    assert!(lease.spec.and_then(|s| s.renew_time).is_some());
+}

@@ -1,5 +1,5 @@
 //! The production build (`--no-default-features`, as deploy/Dockerfile builds it) leaves the
-//! test world out: no `demo`, no `sim`, and neither the simulator nor the real-Airflow stage
+//! test world out: no `demo`, no `sim`, no `kubelet`, and neither the simulator nor the real-Airflow stage
 //! linked in. `scripts/test.sh` builds it beside the workspace's own binary and names it in
 //! `PODSTREAM_PRODUCTION_BIN`.
 
@@ -19,7 +19,7 @@ const PRODUCTION_COMMANDS: [&str; 9] = [
 ];
 
 /// The commands only the test world has.
-const TEST_WORLD_COMMANDS: [&str; 2] = ["demo", "sim"];
+const TEST_WORLD_COMMANDS: [&str; 3] = ["demo", "sim", "kubelet"];
 
 fn production_binary() -> PathBuf {
     std::env::var_os(PRODUCTION_BIN)

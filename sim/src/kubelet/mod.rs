@@ -10,6 +10,7 @@
 //! - [`plan`]: what to run for a pod (pure); [`status`]: the status writes (pure);
 //! - this file: the loop that follows the cluster's changes, and one task per running pod.
 
+mod api;
 pub mod plan;
 pub mod status;
 
@@ -30,17 +31,27 @@ use tokio::time::Instant;
 
 pub use plan::{FAULT_AFTER_ANNOTATION, FAULT_ANNOTATION, Fault, Node};
 
-use crate::cluster::{Cluster, DeleteOptions};
+use crate::cluster::Cluster;
 use crate::container::{ContainerState, log_path, set_container};
-use crate::object::Key;
-use crate::resource::Resource;
-use crate::selector::Filter;
 use crate::status::ApiError;
 use crate::store::Change;
+use api::{NodeApi, Observed};
 use plan::{Launch, Refusal};
 
 /// The node name the kubelet binds pods to.
 pub const NODE_NAME: &str = "podstream-sim-node";
+/// The node's address, and every pod's.
+const NODE_IP: &str = "127.0.0.1";
+
+/// The kubelet's directory, made and resolved.
+fn prepare(config: &KubeletConfig) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(&config.root)
+        .with_context(|| format!("creating the kubelet's directory {}", config.root.display()))?;
+    config
+        .root
+        .canonicalize()
+        .with_context(|| format!("resolving {}", config.root.display()))
+}
 
 /// How the kubelet runs.
 #[derive(Debug, Clone)]
@@ -81,8 +92,7 @@ type Registry = Arc<Mutex<HashMap<PodId, Running>>>;
 /// A running kubelet. Dropping it kills every process it started.
 pub struct Kubelet {
     pods: Registry,
-    task: JoinHandle<()>,
-    escapes: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Kubelet {
@@ -93,7 +103,7 @@ impl std::fmt::Debug for Kubelet {
 
 /// What every pod task shares.
 struct Host {
-    cluster: Cluster,
+    api: NodeApi,
     node: Node,
     root: PathBuf,
     reaper: Reaper,
@@ -153,31 +163,58 @@ impl Reaper {
 impl Kubelet {
     /// Starts running the cluster's pods (those already there first) on the current runtime.
     pub fn start(cluster: Cluster, config: KubeletConfig) -> anyhow::Result<Kubelet> {
-        std::fs::create_dir_all(&config.root).with_context(|| {
-            format!("creating the kubelet's directory {}", config.root.display())
-        })?;
-        let root = config
-            .root
-            .canonicalize()
-            .with_context(|| format!("resolving {}", config.root.display()))?;
+        let root = prepare(&config)?;
         cluster.attach_pod_logs(root.clone());
+        Ok(Kubelet::run(
+            NodeApi::Simulated(cluster),
+            root,
+            config,
+            None,
+        ))
+    }
+
+    /// Attaches to a real API server, as `podstream kubelet` does: registers the node (its
+    /// heartbeat Lease renewed), binds the pods that name no node, runs them and writes
+    /// their status through the status subresource. Pod logs stay in `config.root`.
+    pub fn attach(client: kube::Client, config: KubeletConfig) -> anyhow::Result<Kubelet> {
+        let root = prepare(&config)?;
+        let heartbeat = tokio::spawn(api::register_node(
+            client.clone(),
+            NODE_NAME.to_owned(),
+            NODE_IP.to_owned(),
+        ));
+        Ok(Kubelet::run(
+            NodeApi::Remote(client),
+            root,
+            config,
+            Some(heartbeat),
+        ))
+    }
+
+    fn run(
+        api: NodeApi,
+        root: PathBuf,
+        config: KubeletConfig,
+        heartbeat: Option<JoinHandle<()>>,
+    ) -> Kubelet {
         let pods: Registry = Arc::default();
         let node = Arc::new(Host {
-            cluster: cluster.clone(),
+            api: api.clone(),
             node: Node {
                 name: NODE_NAME.to_owned(),
-                ip: "127.0.0.1".to_owned(),
+                ip: NODE_IP.to_owned(),
             },
             root,
             reaper: Reaper::start(),
         });
-        let escapes = tokio::spawn(hand_escapes_to_the_reaper(node.clone(), pods.clone()));
-        let task = tokio::spawn(follow(node, config.max_pods, pods.clone()));
-        Ok(Kubelet {
-            pods,
-            task,
-            escapes,
-        })
+        let (changes, observed) = mpsc::unbounded_channel();
+        let mut tasks = vec![
+            tokio::spawn(api.follow(changes)),
+            tokio::spawn(hand_escapes_to_the_reaper(node.clone(), pods.clone())),
+            tokio::spawn(follow(node, config.max_pods, pods.clone(), observed)),
+        ];
+        tasks.extend(heartbeat);
+        Kubelet { pods, tasks }
     }
 
     /// Plays `fault` on a pod the kubelet runs now (control API), or 404.
@@ -200,8 +237,9 @@ impl Kubelet {
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
-        self.task.abort();
-        self.escapes.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
         let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         for running in pods.values() {
             let group = *running
@@ -331,54 +369,37 @@ impl Admission {
     }
 }
 
-/// Follows the cluster's pod changes: starts new pods, passes deletes on, admits waiting pods
-/// when room frees up.
-async fn follow(node: Arc<Host>, max_pods: Option<usize>, pods: Registry) {
-    let cluster = node.cluster.clone();
-    let mut head = cluster.subscribe();
+/// Follows the pods' changes: starts new pods, passes deletes on, admits waiting pods when
+/// room frees up.
+async fn follow(
+    node: Arc<Host>,
+    max_pods: Option<usize>,
+    pods: Registry,
+    mut observed: mpsc::UnboundedReceiver<Observed>,
+) {
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<PodId>();
     let mut admission = Admission {
         max_pods,
         started: HashSet::new(),
         waiting: VecDeque::new(),
     };
-    let mut rv = resync(&node, &pods, &finished_tx, &mut admission);
     loop {
-        loop {
-            let Ok(events) = cluster.events_after(rv, 1024) else {
-                // History compacted under us (410): start again from the pods as they are.
-                rv = resync(&node, &pods, &finished_tx, &mut admission);
-                continue;
-            };
-            let Some(last) = events.last() else { break };
-            rv = last.rv;
-            for event in events
-                .iter()
-                .filter(|e| e.object.key.resource == Resource::Pods)
-            {
-                if let Ok(pod) = event.object.value() {
-                    observe(
-                        &node,
-                        &pods,
-                        &finished_tx,
-                        &mut admission,
-                        event.change,
-                        &pod,
-                    );
-                }
-            }
-        }
         tokio::select! {
-            changed = head.changed() => if changed.is_err() { return },
+            change = observed.recv() => match change {
+                None => return,
+                Some(Observed::Resync(now)) => {
+                    resync(&node, &pods, &finished_tx, &mut admission, &now);
+                }
+                Some(Observed::Change(change, pod)) => {
+                    observe(&node, &pods, &finished_tx, &mut admission, change, &pod);
+                }
+            },
             Some(done) = finished.recv() => {
                 admission.started.remove(&done);
                 while admission.has_room() {
                     let Some(next) = admission.waiting.pop_front() else { break };
-                    match cluster.pod(&next.namespace, &next.name) {
-                        Ok(pod) if id_of(&pod) == next => {
-                            start(&node, &pods, &finished_tx, &mut admission, next);
-                        }
-                        _ => {}
+                    if node.api.pod(&next).await.is_some() {
+                        start(&node, &pods, &finished_tx, &mut admission, next);
                     }
                 }
             }
@@ -386,26 +407,23 @@ async fn follow(node: Arc<Host>, max_pods: Option<usize>, pods: Registry) {
     }
 }
 
-/// Takes the pods as they are now: new ones start, ones that are gone are killed. Returns the
-/// revision they were read at.
+/// Takes the pods as they are now: new ones start, ones that are gone are killed.
 fn resync(
     node: &Arc<Host>,
     pods: &Registry,
     finished: &mpsc::UnboundedSender<PodId>,
     admission: &mut Admission,
-) -> u64 {
-    let (current, rv) = node.cluster.current(Resource::Pods, &Filter::default());
+    current: &[Value],
+) {
     let mut present = HashSet::new();
-    for stored in current {
-        if let Ok(pod) = stored.value() {
-            present.insert(id_of(&pod));
-            let change = if pod["metadata"]["deletionTimestamp"].is_string() {
-                Change::Modified
-            } else {
-                Change::Added
-            };
-            observe(node, pods, finished, admission, change, &pod);
-        }
+    for pod in current {
+        present.insert(id_of(pod));
+        let change = if pod["metadata"]["deletionTimestamp"].is_string() {
+            Change::Modified
+        } else {
+            Change::Added
+        };
+        observe(node, pods, finished, admission, change, pod);
     }
     let registry = pods.lock().unwrap_or_else(PoisonError::into_inner);
     for (id, running) in registry.iter() {
@@ -415,7 +433,6 @@ fn resync(
     }
     drop(registry);
     admission.waiting.retain(|id| present.contains(id));
-    rv
 }
 
 fn observe(
@@ -450,7 +467,8 @@ fn observe(
             } else if bound_here {
                 // Nothing runs for it (never started, waiting, or finished): it goes at once.
                 admission.waiting.retain(|w| *w != id);
-                remove(node, &id);
+                let api = node.api.clone();
+                tokio::spawn(async move { api.remove(&id).await });
             }
         }
         Change::Added => {
@@ -469,8 +487,11 @@ fn observe(
                 start(node, pods, finished, admission, id);
             } else {
                 let max = admission.max_pods.unwrap_or_default();
-                let _ = node.cluster.modify_pod(&id.namespace, &id.name, |p| {
-                    status::unschedulable(p, max);
+                let api = node.api.clone();
+                let waiting = id.clone();
+                tokio::spawn(async move {
+                    api.write_status(&waiting, |p| status::unschedulable(p, max))
+                        .await;
                 });
                 admission.waiting.push_back(id);
             }
@@ -530,30 +551,27 @@ async fn run_pod(
     mut orders: mpsc::UnboundedReceiver<Order>,
     process_group: Arc<Mutex<Option<Pid>>>,
 ) {
-    let cluster = &node.cluster;
-    let Ok(pod) = cluster.pod(&id.namespace, &id.name) else {
+    let Some(pod) = node.api.pod(id).await else {
         return;
     };
     let container = pod["spec"]["containers"][0]["name"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let write = |change: &dyn Fn(&mut Value)| {
-        let result = cluster.modify_pod(&id.namespace, &id.name, |pod| {
-            if id_of(pod) == *id {
-                change(pod);
-            }
-        });
-        if let Err(error) = result {
-            tracing::debug!(pod = %id.name, namespace = %id.namespace, %error, "kubelet status write refused");
-        }
-    };
-    write(&|pod| status::scheduled(pod, &node.node, &container));
+    let api = &node.api;
+    if !api.bind(id, &node.node.name).await {
+        return;
+    }
+    api.write_status(id, |pod| status::scheduled(pod, &node.node, &container))
+        .await;
     let launch = match plan::plan(&pod, &node.node) {
         Ok(launch) => launch,
         Err(Refusal::CannotRun(message)) => {
             tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container cannot run");
-            write(&|pod| status::terminated(pod, &container, 128, "ContainerCannotRun", &message));
+            api.write_status(id, |pod| {
+                status::terminated(pod, &container, 128, "ContainerCannotRun", &message)
+            })
+            .await;
             return;
         }
         Err(Refusal::Config(message)) => {
@@ -562,7 +580,8 @@ async fn run_pod(
                 reason: "CreateContainerConfigError".into(),
                 message,
             };
-            write(&|pod| set_container(pod, &container, &state));
+            api.write_status(id, |pod| set_container(pod, &container, &state))
+                .await;
             stay_pending(node, id, &mut orders).await;
             return;
         }
@@ -573,7 +592,8 @@ async fn run_pod(
                 reason: reason.into(),
                 message: "podstream simulator fault: image-pull".into(),
             };
-            write(&|pod| set_container(pod, &container, &state));
+            api.write_status(id, |pod| set_container(pod, &container, &state))
+                .await;
         }
         stay_pending(node, id, &mut orders).await;
         return;
@@ -582,7 +602,10 @@ async fn run_pod(
         Ok(child) => child,
         Err(message) => {
             tracing::info!(pod = %id.name, namespace = %id.namespace, %message, "container cannot run");
-            write(&|pod| status::terminated(pod, &container, 128, "ContainerCannotRun", &message));
+            api.write_status(id, |pod| {
+                status::terminated(pod, &container, 128, "ContainerCannotRun", &message)
+            })
+            .await;
             return;
         }
     };
@@ -599,7 +622,10 @@ async fn run_pod(
             signal_container(group, signal);
         }
     };
-    write(&|pod| status::running(pod, &node.node, &launch.container));
+    api.write_status(id, |pod| {
+        status::running(pod, &node.node, &launch.container)
+    })
+    .await;
     tracing::info!(pod = %id.name, namespace = %id.namespace, program = %launch.program, "container started");
 
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
@@ -661,20 +687,29 @@ async fn run_pod(
     match ending {
         Ending::Gone => return,
         Ending::NodeLost => {
-            remove(node, id);
+            node.api.remove(id).await;
             return;
         }
         Ending::OomKilled => {
-            write(&|pod| status::terminated(pod, &launch.container, 137, "OOMKilled", ""));
+            api.write_status(id, |pod| {
+                status::terminated(pod, &launch.container, 137, "OOMKilled", "")
+            })
+            .await;
         }
-        Ending::Evicted => write(&|pod| status::evicted(pod, &launch.container)),
+        Ending::Evicted => {
+            api.write_status(id, |pod| status::evicted(pod, &launch.container))
+                .await
+        }
         Ending::Exited => {
             let reason = if code == 0 { "Completed" } else { "Error" };
-            write(&|pod| status::terminated(pod, &launch.container, code, reason, ""));
+            api.write_status(id, |pod| {
+                status::terminated(pod, &launch.container, code, reason, "")
+            })
+            .await;
         }
     }
     if terminating {
-        remove(node, id);
+        node.api.remove(id).await;
     }
 }
 
@@ -683,7 +718,7 @@ async fn stay_pending(node: &Host, id: &PodId, orders: &mut mpsc::UnboundedRecei
     loop {
         match orders.recv().await {
             Some(Order::Terminate(_)) => {
-                remove(node, id);
+                node.api.remove(id).await;
                 return;
             }
             Some(Order::Kill) | None => return,
@@ -691,19 +726,6 @@ async fn stay_pending(node: &Host, id: &PodId, orders: &mut mpsc::UnboundedRecei
                 tracing::warn!(pod = %id.name, fault = fault.as_str(), "a pod that never started cannot play a fault");
             }
         }
-    }
-}
-
-/// Deletes the pod with grace 0, as the kubelet does once its containers are gone.
-fn remove(node: &Host, id: &PodId) {
-    let options = DeleteOptions {
-        grace_period_seconds: Some(0),
-        uid: Some(id.uid.clone()),
-        ..DeleteOptions::default()
-    };
-    let key = Key::new(Resource::Pods, &id.namespace, &id.name);
-    if let Err(error) = node.cluster.delete(&key, &options) {
-        tracing::debug!(pod = %id.name, %error, "kubelet's final delete refused");
     }
 }
 
