@@ -20,6 +20,9 @@ pub struct KubeletArgs {
     /// At most this many pods run at once; the rest stay Pending (Unschedulable).
     #[arg(long, env = "PODSTREAM_KUBELET_MAX_PODS")]
     max_pods: Option<usize>,
+    /// Run the pods of this namespace only [default: of every namespace].
+    #[arg(long, env = "PODSTREAM_KUBELET_NAMESPACE")]
+    namespace: Option<String>,
     /// kubeconfig context to use instead of the current one.
     #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
     kube_context: Option<String>,
@@ -37,7 +40,7 @@ pub fn run(args: &KubeletArgs) -> anyhow::Result<()> {
             root,
             max_pods: args.max_pods,
         };
-        let _kubelet = Kubelet::attach(client, config)?;
+        let _kubelet = Kubelet::attach(client, args.namespace.clone(), config)?;
         tracing::info!(
             node = podstream_sim::kubelet::NODE_NAME,
             "the kubelet runs the node's pods"

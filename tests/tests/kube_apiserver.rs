@@ -648,7 +648,13 @@ async fn the_kubelet_runs_pods_on_the_real_api_server() {
     let dir = tempfile::tempdir().unwrap();
     let _kubelet = podstream_tests::component::Component::start(
         podstream_tests::podstream_binary(),
-        &["kubelet", "--dir", &dir.path().display().to_string()],
+        &[
+            "kubelet",
+            "--namespace",
+            &namespace,
+            "--dir",
+            &dir.path().display().to_string(),
+        ],
         plane.admin_kubeconfig(),
     );
     let pods: Api<Pod> = Api::namespaced(kube.clone(), &namespace);

@@ -35,8 +35,8 @@ pub(super) enum Observed {
 pub(super) enum NodeApi {
     /// The simulator, in process.
     Simulated(Cluster),
-    /// A Kubernetes API server.
-    Remote(kube::Client),
+    /// A Kubernetes API server: the pods of one namespace, or of all.
+    Remote(kube::Client, Option<String>),
 }
 
 /// Attempts at a status write that loses a race with another writer.
@@ -47,7 +47,9 @@ impl NodeApi {
     pub(super) async fn follow(self, changes: mpsc::UnboundedSender<Observed>) {
         match self {
             NodeApi::Simulated(cluster) => follow_cluster(&cluster, &changes).await,
-            NodeApi::Remote(client) => follow_remote(client, &changes).await,
+            NodeApi::Remote(client, namespace) => {
+                follow_remote(client, namespace.as_deref(), &changes).await;
+            }
         }
     }
 
@@ -55,7 +57,7 @@ impl NodeApi {
     pub(super) async fn pod(&self, id: &PodId) -> Option<Value> {
         let pod = match self {
             NodeApi::Simulated(cluster) => cluster.pod(&id.namespace, &id.name).ok()?,
-            NodeApi::Remote(client) => {
+            NodeApi::Remote(client, _) => {
                 let pods: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
                 serde_json::to_value(pods.get_opt(&id.name).await.ok()??).ok()?
             }
@@ -66,7 +68,7 @@ impl NodeApi {
     /// Binds the pod to `node` (a real API server takes `spec.nodeName` only through the
     /// binding subresource; the simulator's status writes set it). False when refused.
     pub(super) async fn bind(&self, id: &PodId, node: &str) -> bool {
-        let NodeApi::Remote(client) = self else {
+        let NodeApi::Remote(client, _) = self else {
             return true;
         };
         let pods: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
@@ -104,7 +106,7 @@ impl NodeApi {
                     tracing::debug!(pod = %id.name, namespace = %id.namespace, %error, "kubelet status write refused");
                 }
             }
-            NodeApi::Remote(client) => {
+            NodeApi::Remote(client, _) => {
                 let pods: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
                 for _ in 0..CONFLICT_RETRIES {
                     let Some(mut pod) = self.pod(id).await else {
@@ -147,7 +149,7 @@ impl NodeApi {
                 let key = Key::new(Resource::Pods, &id.namespace, &id.name);
                 cluster.delete(&key, &options).err().map(|e| e.to_string())
             }
-            NodeApi::Remote(client) => {
+            NodeApi::Remote(client, _) => {
                 let pods: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
                 let params = DeleteParams {
                     grace_period_seconds: Some(0),
@@ -212,8 +214,15 @@ async fn follow_cluster(cluster: &Cluster, changes: &mpsc::UnboundedSender<Obser
 }
 
 /// A real API server's pods: kube-runtime's watcher (list, watch, relist after a `410`).
-async fn follow_remote(client: kube::Client, changes: &mpsc::UnboundedSender<Observed>) {
-    let pods: Api<Pod> = Api::all(client);
+async fn follow_remote(
+    client: kube::Client,
+    namespace: Option<&str>,
+    changes: &mpsc::UnboundedSender<Observed>,
+) {
+    let pods: Api<Pod> = match namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    };
     let mut events = watcher(pods, watcher::Config::default()).boxed();
     let mut listing: Vec<Value> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();

@@ -174,9 +174,14 @@ impl Kubelet {
     }
 
     /// Attaches to a real API server, as `podstream kubelet` does: registers the node (its
-    /// heartbeat Lease renewed), binds the pods that name no node, runs them and writes
-    /// their status through the status subresource. Pod logs stay in `config.root`.
-    pub fn attach(client: kube::Client, config: KubeletConfig) -> anyhow::Result<Kubelet> {
+    /// heartbeat Lease renewed), binds the pods of `namespace` (`None`: of every namespace)
+    /// that name no node, runs them and writes their status through the status subresource.
+    /// Pod logs stay in `config.root`.
+    pub fn attach(
+        client: kube::Client,
+        namespace: Option<String>,
+        config: KubeletConfig,
+    ) -> anyhow::Result<Kubelet> {
         let root = prepare(&config)?;
         let heartbeat = tokio::spawn(api::register_node(
             client.clone(),
@@ -184,7 +189,7 @@ impl Kubelet {
             NODE_IP.to_owned(),
         ));
         Ok(Kubelet::run(
-            NodeApi::Remote(client),
+            NodeApi::Remote(client, namespace),
             root,
             config,
             Some(heartbeat),
