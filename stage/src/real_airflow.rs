@@ -57,6 +57,16 @@ pub enum Executor {
     Podstream,
 }
 
+/// Which Kubernetes the stage runs Airflow on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kubernetes {
+    /// `podstream sim --kubelet`.
+    Simulated,
+    /// A control plane of its own (kube-apiserver and etcd, [`crate::control_plane`]) with
+    /// `podstream kubelet` as its node.
+    Real,
+}
+
 /// One task instance as the metadata DB holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TiRow {
@@ -306,6 +316,7 @@ pub struct RealAirflow {
     pg: PgCluster,
     env: Vec<(String, String)>,
     sim: Option<Service>,
+    control_plane: Option<crate::control_plane::ControlPlane>,
     nats: Option<crate::nats::NatsServer>,
     podstream: Option<Service>,
     components: Vec<Service>,
@@ -328,6 +339,19 @@ impl RealAirflow {
     /// # Panics
     /// When anything fails to start: the test cannot go on without it.
     pub fn start_with(airflow: Airflow, dags: Dags, executor: Executor) -> RealAirflow {
+        RealAirflow::start_on(airflow, dags, executor, Kubernetes::Simulated)
+    }
+
+    /// [`RealAirflow::start_with`] on the Kubernetes given.
+    ///
+    /// # Panics
+    /// When anything fails to start: the test cannot go on without it.
+    pub fn start_on(
+        airflow: Airflow,
+        dags: Dags,
+        executor: Executor,
+        kubernetes: Kubernetes,
+    ) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pg = PgCluster::start();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
@@ -367,13 +391,17 @@ impl RealAirflow {
             pg,
             env,
             sim: None,
+            control_plane: None,
             nats,
             podstream: None,
             components: Vec::new(),
             recorder: None,
             dir,
         };
-        real.start_sim();
+        match kubernetes {
+            Kubernetes::Simulated => real.start_sim(),
+            Kubernetes::Real => real.start_control_plane(),
+        }
         real.start_podstream();
         real.recorder = Some(Recorder::start(&real.kubeconfig));
         for component in airflow.components() {
@@ -408,6 +436,46 @@ impl RealAirflow {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.sim = Some(sim);
+    }
+
+    /// A control plane of its own, its admin's kubeconfig as the stage's, the namespace
+    /// `airflow`, and `podstream kubelet` as its node.
+    fn start_control_plane(&mut self) {
+        let plane =
+            crate::control_plane::ControlPlane::start(crate::control_plane::Options::default());
+        plane.apply(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: airflow\n---\n\
+             apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: airflow\n",
+        );
+        std::fs::copy(plane.admin_kubeconfig(), &self.kubeconfig)
+            .unwrap_or_else(|e| panic!("copying the kubeconfig: {e}"));
+        let mut command = Command::new(podstream_binary());
+        command
+            .args(["kubelet", "--namespace", "airflow", "--dir"])
+            .arg(self.dir.path().join("kubelet"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("KUBECONFIG", &self.kubeconfig);
+        let kubelet = Service::spawn(
+            "podstream kubelet",
+            command,
+            self.dir.path().join("kubelet.log"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !kubectl(
+            &self.kubeconfig,
+            &["get", "node", podstream_sim::kubelet::NODE_NAME],
+        )
+        .0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the kubelet did not register its node:\n{}",
+                kubelet.tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.sim = Some(kubelet);
+        self.control_plane = Some(plane);
     }
 
     /// `podstream run --task-failures executor` on the nats-server, the simulator and the
@@ -779,6 +847,7 @@ impl Drop for RealAirflow {
         if let Some(sim) = self.sim.as_mut() {
             sim.stop();
         }
+        self.control_plane = None;
     }
 }
 

@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use crate::airflow::Airflow;
-use crate::real_airflow::{Dags, Executor, RealAirflow};
+use crate::real_airflow::{Dags, Executor, Kubernetes, RealAirflow};
 
 /// The story DAG.
 pub const DAG: &str = "podstream_story";
@@ -215,11 +215,22 @@ fn precondition_broken(real: &RealAirflow) -> Option<String> {
 /// act (the first pod failed on its own, say on a loaded machine) is reported, with why the
 /// pod failed, and played again once: its outcome would not be the act's.
 pub fn play(airflow: Airflow, executor: Executor, story: Story) -> (RealAirflow, String) {
-    match play_once(airflow, executor, story) {
+    play_on(airflow, executor, story, Kubernetes::Simulated)
+}
+
+/// [`play`] on the Kubernetes given.
+pub fn play_on(
+    airflow: Airflow,
+    executor: Executor,
+    story: Story,
+    kubernetes: Kubernetes,
+) -> (RealAirflow, String) {
+    match play_once(airflow, executor, story, kubernetes) {
         Ok(played) => played,
         Err(broken) => {
             eprintln!("{broken}\nplaying the story again, once");
-            play_once(airflow, executor, story).unwrap_or_else(|broken| panic!("{broken}"))
+            play_once(airflow, executor, story, kubernetes)
+                .unwrap_or_else(|broken| panic!("{broken}"))
         }
     }
 }
@@ -228,8 +239,9 @@ fn play_once(
     airflow: Airflow,
     executor: Executor,
     story: Story,
+    kubernetes: Kubernetes,
 ) -> Result<(RealAirflow, String), String> {
-    let mut real = RealAirflow::start_with(airflow, Dags::Story, executor);
+    let mut real = RealAirflow::start_on(airflow, Dags::Story, executor, kubernetes);
     // Why the play says nothing of its act, with what the stage shows.
     let says_nothing = |real: &RealAirflow, why: String, when: &str, state: &str| {
         format!(
