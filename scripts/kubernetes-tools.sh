@@ -41,7 +41,7 @@ if [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
 fi
 
 echo "setup: building kube-apiserver, kube-scheduler and kubectl $release and etcd with $(go env GOVERSION)"
-echo "setup: (the first build on a machine takes about 15 minutes on 2 cores; later ones, seconds)"
+echo "setup: (the first build on a machine takes 5 to 10 minutes on 2 cores; later ones, seconds)"
 mkdir -p "$out/bin"
 rm -f "$out/stamp"
 started=$SECONDS
