@@ -260,11 +260,17 @@ impl ControlPlane {
     pub fn namespace(&self, prefix: &str) -> String {
         let n = NAMESPACES.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{}-{n}", std::process::id());
+        self.create_namespace(&name);
+        name
+    }
+
+    /// Creates namespace `name` (or leaves it as it is) with its `default` service account, as
+    /// the controller manager that does not run here would make it.
+    pub fn create_namespace(&self, name: &str) {
         self.apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n---\n\
              apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {name}\n"
         ));
-        name
     }
 
     /// `kubectl apply -f -` of `yaml` as the admin.

@@ -443,10 +443,7 @@ impl RealAirflow {
     fn start_control_plane(&mut self) {
         let plane =
             crate::control_plane::ControlPlane::start(crate::control_plane::Options::default());
-        plane.apply(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: airflow\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: airflow\n",
-        );
+        plane.create_namespace("airflow");
         std::fs::copy(plane.admin_kubeconfig(), &self.kubeconfig)
             .unwrap_or_else(|e| panic!("copying the kubeconfig: {e}"));
         let mut command = Command::new(podstream_binary());

@@ -588,7 +588,7 @@ fn only_the_schedulers_account_creates_worker_pods_or_changes_their_keys() {
 #[test]
 fn every_overlay_and_component_passes_a_server_side_dry_run() {
     let plane = ControlPlane::shared();
-    plane.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: airflow\n");
+    plane.create_namespace("airflow");
     let crds = tool("kubectl")
         .parent()
         .unwrap()

@@ -243,10 +243,7 @@ async fn the_simulator_answers_as_the_real_api_server_does() {
     let plane = tokio::task::spawn_blocking(ControlPlane::shared)
         .await
         .unwrap();
-    plane.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n  namespace: {NAMESPACE}\n"
-    ));
+    plane.create_namespace(NAMESPACE);
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let sim = Server::start(
         addr,
