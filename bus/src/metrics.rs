@@ -25,6 +25,9 @@ pub const PROCESSOR_EVENTS_DECIDED: &str = "podstream_processor_events_decided_t
 pub const PROCESSOR_COMMANDS: &str = "podstream_processor_commands_total";
 /// Counter: attempts to decide an event that failed and were retried.
 pub const PROCESSOR_RETRIES: &str = "podstream_processor_retries_total";
+/// Counter: pod events decided as foreign for want of a valid signature
+/// (`--require-signed-pods`); label `reason` (`missing`, `malformed`, `mismatch`).
+pub const PROCESSOR_UNSIGNED_EVENTS: &str = "podstream_processor_unsigned_events_total";
 /// Counter: commands the sink finished; label `outcome` (`applied`, `skipped`, `dead`) and
 /// `reason` (what was applied, why it was skipped).
 pub const SINK_COMMANDS: &str = "podstream_sink_commands_total";
@@ -44,7 +47,7 @@ pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
 pub const BUILD_INFO: &str = "podstream_build_info";
 
 /// Every metric above, for the dashboard's and the docs' checks.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     INGEST_EVENTS_PUBLISHED,
     INGEST_LISTS,
     INGEST_WATCH_ERRORS,
@@ -54,6 +57,7 @@ pub const ALL: [&str; 16] = [
     PROCESSOR_EVENTS_DECIDED,
     PROCESSOR_COMMANDS,
     PROCESSOR_RETRIES,
+    PROCESSOR_UNSIGNED_EVENTS,
     SINK_COMMANDS,
     SINK_BATCH_SECONDS,
     SINK_BATCH_RETRIES,

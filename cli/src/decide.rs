@@ -37,7 +37,7 @@ pub struct DecideArgs {
     pub rules: RulesArgs,
 }
 
-/// Flags of the rules, shared by `decide`, `process` and `run`.
+/// Flags of the rules, shared by `decide`, `process`, `run` and `replay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RulesArgs {
     /// Container waiting reasons that fail a pending pod, comma-separated;
@@ -48,12 +48,62 @@ pub struct RulesArgs {
         default_value_t = podstream_processor::rules::DEFAULT_FATAL_REASONS.join(",")
     )]
     pub fatal_reasons: String,
+    /// Treat a pod without a valid `podstream.io/signature` (written by
+    /// `PodstreamKubernetesExecutor`) as foreign: recorded, never driving a task. Needs
+    /// `--pod-signing-key-file`.
+    #[arg(
+        long,
+        env = "PODSTREAM_REQUIRE_SIGNED_PODS",
+        requires = "pod_signing_key_file"
+    )]
+    pub require_signed_pods: bool,
+    /// A file holding a pod-signing key (at least 32 bytes, surrounding whitespace
+    /// trimmed): the executors' current key, then, while rotating, the previous one
+    /// (comma-separated in the variable).
+    #[arg(
+        long,
+        env = "PODSTREAM_POD_SIGNING_KEY_FILE",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    pub pod_signing_key_file: Vec<PathBuf>,
+}
+
+/// A pod-signing key file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SigningKeyError {
+    /// The file cannot be read.
+    #[error("cannot read pod-signing key file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The keys are not a usable set.
+    #[error("pod-signing keys: {0}")]
+    Keys(#[from] podstream_proto::signature::KeyError),
 }
 
 impl RulesArgs {
-    /// The rules these flags describe.
-    pub fn rules(&self) -> Rules {
-        Rules::from_comma_list(&self.fatal_reasons)
+    /// The rules these flags describe; the signing keys are read now.
+    pub fn rules(&self) -> Result<Rules, SigningKeyError> {
+        let rules = Rules::from_comma_list(&self.fatal_reasons);
+        if !self.require_signed_pods {
+            return Ok(rules);
+        }
+        let keys = self
+            .pod_signing_key_file
+            .iter()
+            .map(|path| {
+                std::fs::read(path).map_err(|source| SigningKeyError::Read {
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rules.requiring_signatures(podstream_proto::signature::PodSigning::new(keys)?))
     }
 }
 
@@ -78,7 +128,7 @@ pub fn run(args: &DecideArgs) -> anyhow::Result<Summary> {
         }
     };
     let stdout = io::stdout();
-    let mut processor = Processor::new(args.rules.rules(), MemoryStore::default());
+    let mut processor = Processor::new(args.rules.rules()?, MemoryStore::default());
     let summary = decide_stream(input, &mut stdout.lock(), &mut processor)?;
     // The command ends here, and the process's exit frees its memory at once: dropping the
     // state would free every task record one by one first.

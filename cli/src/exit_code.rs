@@ -52,6 +52,7 @@ impl Exit {
                 if cause.is::<kube::config::InferConfigError>()
                     || cause.is::<kube::config::KubeconfigError>()
                     || cause.is::<podstream_ingest::access::Forbidden>()
+                    || cause.is::<crate::decide::SigningKeyError>()
                 {
                     return Some(Exit::Config);
                 }

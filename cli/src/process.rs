@@ -81,7 +81,7 @@ impl ProcessArgs {
                 .bucket
                 .clone()
                 .unwrap_or_else(|| subjects.resource_name(service::BUCKET_ROLE)),
-            rules: self.rules.rules(),
+            rules: self.rules.rules()?,
             batch_size: self.batch_size,
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),

@@ -190,7 +190,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
 
         let mut printed = 0usize;
         let mut replayed = 0usize;
-        let mut decide = args.decide.then(|| Redecide::new(args));
+        let mut decide = args.decide.then(|| Redecide::new(args)).transpose()?;
         let mut differences = 0usize;
         let mut timeline = args.html.as_ref().map(|_| Timeline::new());
         while let Some(entry) = history.next().await? {
@@ -590,11 +590,11 @@ struct Redecide {
 }
 
 impl Redecide {
-    fn new(args: &ReplayArgs) -> Redecide {
-        Redecide {
-            processor: Processor::new(args.rules.rules(), MemoryStore::default()),
+    fn new(args: &ReplayArgs) -> Result<Redecide, crate::decide::SigningKeyError> {
+        Ok(Redecide {
+            processor: Processor::new(args.rules.rules()?, MemoryStore::default()),
             unmatched: BTreeMap::new(),
-        }
+        })
     }
 
     /// Decides a replayed pod event with today's rules; the differences it settles.

@@ -83,7 +83,7 @@ impl RunArgs {
             },
             process: ProcessConfig {
                 bucket: subjects.resource_name(BUCKET_ROLE),
-                rules: self.rules.rules(),
+                rules: self.rules.rules()?,
                 ack_wait: self.ack_wait.ack_wait(),
                 spark_bucket: self.spark_bucket.bucket(&self.spark, &subjects),
                 ..ProcessConfig::default()

@@ -20,6 +20,8 @@ use k8s_openapi::jiff::Timestamp;
 use podstream_proto::v1::{EventType, PodEvent, PodRef};
 
 use crate::json_scan::{Decline, Scan, Step};
+use podstream_proto::signature::SIGNATURE_ANNOTATION;
+
 use crate::projection::{
     DONE_LABEL, KeyAnnotations, Labels, OWNER_LABEL, PodFacts, ProjectionError, REVOKED_LABEL,
     StatusFacts, project_facts, unix_ms,
@@ -241,6 +243,7 @@ struct AnnotationsJson<'a> {
     logical_date: Option<Text<'a>>,
     execution_date: Option<Text<'a>>,
     task_instance_id: Option<Text<'a>>,
+    signature: Option<Text<'a>>,
 }
 
 fn annotations<'a>(scan: &mut Scan<'a>) -> Step<AnnotationsJson<'a>> {
@@ -255,6 +258,7 @@ fn annotations<'a>(scan: &mut Scan<'a>) -> Step<AnnotationsJson<'a>> {
             "logical_date" => &mut a.logical_date,
             "execution_date" => &mut a.execution_date,
             "task_instance_id" => &mut a.task_instance_id,
+            SIGNATURE_ANNOTATION => &mut a.signature,
             _ => return,
         };
         *slot = Some(value);
@@ -453,6 +457,7 @@ impl PodJson<'_> {
                     logical_date: as_str(&a.logical_date),
                     execution_date: as_str(&a.execution_date),
                     task_instance_id: as_str(&a.task_instance_id),
+                    signature: as_str(&a.signature),
                 }),
             phase: status.and_then(|s| as_str(&s.phase)),
             status_reason: status.and_then(|s| as_str(&s.reason)),

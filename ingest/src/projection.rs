@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+pub use podstream_proto::signature::SIGNATURE_ANNOTATION;
 use podstream_proto::v1::{
     ContainerTerminated, ContainerWaiting, EventType, Phase, PodEvent, PodRef, TaskKey,
 };
@@ -120,6 +121,8 @@ pub struct KeyAnnotations<'a> {
     pub execution_date: Option<&'a str>,
     /// `task_instance_id`: the TI's UUID (cncf.kubernetes 10.25 and later).
     pub task_instance_id: Option<&'a str>,
+    /// [`SIGNATURE_ANNOTATION`]: the launching executor's signature.
+    pub signature: Option<&'a str>,
 }
 
 /// One container status, as far as the rules read it.
@@ -163,6 +166,7 @@ impl<'a> PodFacts<'a> {
                 logical_date: get("logical_date"),
                 execution_date: get("execution_date"),
                 task_instance_id: get("task_instance_id"),
+                signature: get(SIGNATURE_ANNOTATION),
             }
         });
         let statuses = |list: Option<&'a Vec<ContainerStatus>>| {
@@ -280,6 +284,12 @@ pub fn project_facts(event_type: EventType, pod: &PodFacts) -> Result<PodEvent, 
         synthesized: false,
         // Only the ingest's memory of the pod can say; see `known`.
         previous_sequence: None,
+        signature: pod
+            .annotations
+            .as_ref()
+            .and_then(|a| a.signature)
+            .unwrap_or_default()
+            .to_owned(),
     })
 }
 

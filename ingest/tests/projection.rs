@@ -84,6 +84,23 @@ fn unusable_pods_give_typed_errors() {
     }
 }
 
+/// The executor's signature travels with the event, as written, for the processor to check;
+/// both readers agree, and a pod without one carries an empty signature.
+#[test]
+fn the_signature_annotation_travels_as_written() {
+    let mut signed = worker_pod();
+    signed["metadata"]["annotations"]["podstream.io/signature"] = json!("v1:00ff");
+    assert_eq!(project_json(signed.clone()).unwrap().signature, "v1:00ff");
+    assert_eq!(project_json(worker_pod()).unwrap().signature, "");
+    let event = json!({"type": "MODIFIED", "object": signed});
+    let lean = project_watch_event(&event.to_string());
+    assert_eq!(
+        lean.clone().and_then(Result::ok).unwrap().signature,
+        "v1:00ff"
+    );
+    assert_eq!(vec![lean], generic(event));
+}
+
 /// The TI's UUID annotation, as cncf.kubernetes 10.25 writes it: the key when valid, a dead
 /// letter when not (never a fallback to the names), the names alone when absent; the lean
 /// reader agrees on each.

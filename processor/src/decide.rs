@@ -116,10 +116,11 @@ pub fn decide_identified<'e>(
             gone: deleted,
         },
     };
-    // Revoked and done pods change no task state: only the order rule holds.
+    // Unsigned, revoked and done pods change no task state: only the order rule holds. An
+    // unsigned pod is never a candidate, so it is never chosen and never settles a try.
     if matches!(
         outcome,
-        Outcome::Ignored(Ignored::Revoked | Ignored::ExecutorDone)
+        Outcome::Ignored(Ignored::Unsigned | Ignored::Revoked | Ignored::ExecutorDone)
     ) {
         return Decision::Applied(Applied {
             outcome,
@@ -184,15 +185,18 @@ pub fn decide_identified<'e>(
     })
 }
 
-/// A pod new to a try that failed, and alive: the executor relaunched the try's pod
-/// (cncf.kubernetes does, for the same try, when a pod failed before its task started).
-/// The new pod drives the try from then on; the pods whose failure was reported retire.
+/// A pod new to a settled try, and alive: it drives the try from then on, and the pods whose
+/// ending was reported retire. After a fail or a loss this is the executor's relaunch
+/// (cncf.kubernetes relaunches a pod that failed before its task started, for the same try).
+/// After a completion no executor launches another pod for the try, so one of the two is a
+/// copy: either the one that completed (made before the real pod was bound, say) or this one.
+/// Which is the try's own only its consumer can tell (the executor knows the pods it launched,
+/// the sink the pod the task runs in), so the new pod is reported rather than muted.
 fn is_relaunch(task: &TaskState, pod: &PodRef, event: &PodEvent, outcome: &Outcome) -> bool {
     task.settled
         && matches!(outcome, Outcome::Pending | Outcome::Running)
         && event.deletion_unix_ms.is_none()
         && task.candidate(&pod.uid).is_none()
-        && !task.completed()
 }
 
 /// Marks the event's pod passed over when it ended while another pod drove the live try:

@@ -78,9 +78,17 @@ impl<S: StateStore> Processor<S> {
             }
             Ok(applied) => applied,
         };
-        if let Outcome::Ignored(Ignored::UnknownPhase) = outcome {
-            warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
-                "pod in a phase the rules do not know; no task state change");
+        match outcome {
+            Outcome::Ignored(Ignored::UnknownPhase) => {
+                warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
+                    "pod in a phase the rules do not know; no task state change");
+            }
+            Outcome::Ignored(Ignored::Unsigned) => {
+                let reason = self.rules.unsigned(event).map_or("", |r| r.name());
+                warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason,
+                    "pod without a valid signature: foreign, it drives nothing");
+            }
+            _ => {}
         }
         for command in &commands {
             debug!(pod = %command.pod, uid = %command.pod.uid, ti = %key, owner = %command.owner,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use podstream_proto::signature::{PodSigning, Unsigned};
 use podstream_proto::v1::{ContainerTerminated, ContainerWaiting, EventType, Phase};
 use podstream_proto::{FATAL_PENDING, PodEvent};
 
@@ -22,6 +23,8 @@ const PULL_QPS_EXCEEDED: &str = "pull QPS exceeded";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rules {
     fatal_reasons: Vec<String>,
+    /// With `--require-signed-pods`: the keys a pod's signature must be made with.
+    signing: Option<Arc<PodSigning>>,
 }
 
 impl Default for Rules {
@@ -40,7 +43,35 @@ impl Rules {
             .map(|r| r.as_ref().trim().to_owned())
             .filter(|r| !r.is_empty())
             .collect();
-        Rules { fatal_reasons }
+        Rules {
+            fatal_reasons,
+            signing: None,
+        }
+    }
+
+    /// These rules, requiring every pod to be signed with one of `signing`'s keys: an
+    /// unsigned pod is foreign and changes no task state (docs/semantics.md "Signed worker
+    /// pods").
+    pub fn requiring_signatures(self, signing: PodSigning) -> Self {
+        Rules {
+            signing: Some(Arc::new(signing)),
+            ..self
+        }
+    }
+
+    /// Whether pods must be signed.
+    pub fn requires_signatures(&self) -> bool {
+        self.signing.is_some()
+    }
+
+    /// Why `event`'s pod is foreign for want of a valid signature; `None` when it is signed
+    /// or signatures are not required. An event without a pod or key cannot be signed.
+    pub fn unsigned(&self, event: &PodEvent) -> Option<Unsigned> {
+        let signing = self.signing.as_ref()?;
+        let (Some(pod), Some(task)) = (&event.pod, &event.task) else {
+            return Some(Unsigned::Missing);
+        };
+        signing.verify(pod, task, &event.signature).err()
     }
 
     /// Rules from a comma-separated list, as in Airflow's
@@ -90,6 +121,9 @@ impl Rules {
     /// assert!(matches!(rules.outcome(&pending), Outcome::Fail(_)));
     /// ```
     pub fn outcome(&self, event: &PodEvent) -> Outcome {
+        if self.unsigned(event).is_some() {
+            return Outcome::Ignored(Ignored::Unsigned);
+        }
         if event.revoked {
             return Outcome::Ignored(Ignored::Revoked);
         }
@@ -217,6 +251,9 @@ pub enum Ignored {
     LeftSelector,
     /// Row 10: a phase the rules do not know (`Unknown`, absent).
     UnknownPhase,
+    /// Row 0, with `--require-signed-pods`: the pod carries no valid signature, so no
+    /// executor launched it.
+    Unsigned,
 }
 
 fn exit_summary(terminated: &[ContainerTerminated]) -> String {

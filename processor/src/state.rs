@@ -33,8 +33,8 @@ pub struct TaskState {
     /// sorted. `None` while the TI has one pod.
     pub duplicate_reported: Option<Vec<String>>,
     /// A pod reported a terminal outcome (fail, completed, lost) for this
-    /// try: no pod seen so far reports again. A live pod new to the try after
-    /// a fail or a loss (the executor's relaunch) opens it again.
+    /// try: no pod seen so far reports again. A live pod new to the try (the
+    /// executor's relaunch, or the real pod after a copy ended) opens it again.
     pub settled: bool,
     /// Uids of pods a relaunch replaced: they take no part in the try any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -46,13 +46,6 @@ impl TaskState {
     /// pod not yet deleted.
     pub fn is_remembered(&self) -> bool {
         !self.candidates.is_empty() || !self.retired.is_empty()
-    }
-
-    /// A pod of this try reported that it completed: the task ran to its end.
-    pub fn completed(&self) -> bool {
-        self.candidates
-            .iter()
-            .any(|c| c.reported == Some(Outcome::Completed))
     }
 
     /// The candidate entry of `uid`.
@@ -92,9 +85,10 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// A fail or a loss was reported for this pod: a relaunch of the try retires it.
+    /// An ending (fail, loss, completion) was reported for this pod: a pod new to the try
+    /// retires it.
     pub fn out_of_play(&self) -> bool {
-        matches!(self.reported, Some(Outcome::Fail(_) | Outcome::Lost { .. }))
+        self.reported.as_ref().is_some_and(Outcome::is_terminal)
     }
 }
 

@@ -9,11 +9,41 @@ mod support;
 
 use podstream_proto::v1::EventType::{Added, Deleted, Modified};
 use podstream_proto::v1::Phase::{Failed, Pending, Running, Succeeded};
-use support::{EventExt, ev, run, ti};
+use support::{EventExt, ev, run, run_with, signed_rules, ti};
 
 /// A UUID no TI has: what a copy of a TI's annotations may claim.
 const FORGED: &str = "0196b3a0-0000-7000-8000-00000000f04d";
 const REAL: &str = "0196b3a0-0000-7000-8000-000000000001";
+
+/// `--require-signed-pods`: a pod the executor did not sign is never a candidate, whatever
+/// its order against the real pod.
+#[test]
+fn signed_stories() {
+    #[rustfmt::skip]
+    let stories: Vec<(&str, Vec<_>, Vec<&str>)> = vec![
+        ("a copy made before the real pod, succeeding at once, settles nothing",
+            vec![ev(Added, Pending, "f", 1).created(1_000), ev(Modified, Succeeded, "f", 2).created(1_000),
+                 ev(Added, Pending, "a", 3).created(2_000).signed(), ev(Modified, Running, "a", 4).created(2_000).signed(),
+                 ev(Modified, Failed, "a", 5).created(2_000).signed()],
+            vec!["running a 1", "fail a 1 pod_failed"]),
+        ("a copy carrying the real pod's signature under its own name is foreign too",
+            vec![ev(Added, Pending, "a", 1).created(1_000).signed(),
+                 ev(Added, Pending, "f", 2).created(2_000).signature_of("a").app_waiting("ErrImagePull", "x"),
+                 ev(Modified, Running, "a", 3).created(1_000).signed(), ev(Modified, Succeeded, "a", 4).created(1_000).signed()],
+            vec!["running a 1", "completed a 1"]),
+        ("a newer running copy relabelled to another scheduler neither transfers nor takes the choice",
+            vec![ev(Added, Running, "a", 1).created(1_000).signed(), ev(Added, Running, "f", 2).created(2_000),
+                 ev(Modified, Running, "f", 3).created(2_000).owner("2"), ev(Modified, Failed, "a", 4).created(1_000).signed()],
+            vec!["running a 1", "fail a 1 pod_failed"]),
+        ("the executor's relaunch is signed too and drives the try",
+            vec![ev(Added, Pending, "b", 1).signed().app_waiting("ErrImagePull", "no such image"),
+                 ev(Added, Pending, "a", 2).signed(), ev(Modified, Running, "a", 3).signed()],
+            vec!["fail b 1 fatal_pending:ErrImagePull", "running a 1"]),
+    ];
+    for (story, events, expected) in stories {
+        assert_eq!(run_with(signed_rules(), &events), expected, "{story}");
+    }
+}
 
 #[test]
 fn stories() {
@@ -98,9 +128,28 @@ fn stories() {
             vec![ev(Modified, Failed, "b", 1).created(1_000), ev(Added, Running, "a", 2).created(1_000),
                  ev(Deleted, Failed, "b", 3).created(1_000).deleting(), ev(Modified, Succeeded, "a", 4).created(1_000)],
             vec!["fail b 1 pod_failed", "running a 1", "completed a 1"]),
-        ("a pod new to a completed try is a duplicate whose failure fails nothing",
+        ("a pod new to a completed try that is already over is a duplicate whose failure fails nothing",
             vec![ev(Modified, Succeeded, "a", 1), ev(Added, Failed, "b", 2)],
             vec!["completed a 1", "duplicate b 1 chosen=a others=b"]),
+        ("no try muted by a copy: one that completes before the real pod exists silences nothing",
+            vec![ev(Added, Pending, "f", 1).created(1_000), ev(Modified, Succeeded, "f", 2).created(1_000),
+                 ev(Added, Pending, "a", 3).created(2_000), ev(Modified, Running, "a", 4).created(2_000),
+                 ev(Modified, Failed, "a", 5).created(2_000), ev(Deleted, Succeeded, "f", 6).created(1_000).deleting()],
+            vec!["completed f 1", "running a 1", "fail a 1 pod_failed"]),
+        ("no try muted by a copy: one that completes while the real pod is pending silences nothing",
+            vec![ev(Added, Pending, "a", 1).created(1_000), ev(Added, Pending, "f", 2).created(2_000),
+                 ev(Modified, Succeeded, "f", 3).created(2_000), ev(Modified, Running, "a", 4).created(1_000),
+                 ev(Modified, Failed, "a", 5).created(1_000)],
+            vec!["duplicate f 1 chosen=f others=a", "duplicate f 1 chosen=a others=f", "running a 1",
+                 "fail a 1 pod_failed"]),
+        ("no try muted by a copy: one that completes while the real pod runs silences nothing",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Pending, "f", 2).created(2_000),
+                 ev(Modified, Succeeded, "f", 3).created(2_000), ev(Modified, Failed, "a", 4).created(1_000)],
+            vec!["running a 1", "duplicate f 1 chosen=a others=f", "fail a 1 pod_failed"]),
+        ("a copy that appears after the real pod completed is reported, for its consumer to refuse",
+            vec![ev(Added, Running, "a", 1).created(1_000), ev(Modified, Succeeded, "a", 2).created(1_000),
+                 ev(Added, Running, "f", 3).created(2_000), ev(Modified, Failed, "f", 4).created(2_000)],
+            vec!["running a 1", "completed a 1", "running f 1", "fail f 1 pod_failed"]),
         ("trust: a copy that fails while the real pod runs fails nothing; the real pod's failure does",
             vec![ev(Added, Running, "a", 1).created(1_000), ev(Added, Running, "f", 2).created(2_000),
                  ev(Modified, Failed, "f", 3).created(2_000), ev(Modified, Failed, "a", 4).created(1_000)],

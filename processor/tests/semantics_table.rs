@@ -23,7 +23,32 @@ fn word(outcome: &Outcome) -> String {
         Outcome::Ignored(Ignored::ExecutorDone) => "nothing:done".into(),
         Outcome::Ignored(Ignored::LeftSelector) => "nothing:left_selector".into(),
         Outcome::Ignored(Ignored::UnknownPhase) => "nothing:unknown_phase".into(),
+        Outcome::Ignored(Ignored::Unsigned) => "nothing:unsigned".into(),
     }
+}
+
+/// Row 0, with `--require-signed-pods`: only a pod the executor signed says anything.
+#[test]
+fn unsigned_pods_say_nothing_when_signatures_are_required() {
+    #[rustfmt::skip]
+    let table = [
+        ("0 signed failed",                ev(Modified, Failed, "p", 1).signed(),                        "fail:pod_failed"),
+        ("0 signed succeeded",             ev(Modified, Succeeded, "p", 1).signed(),                     "completed"),
+        ("0 unsigned failed",              ev(Modified, Failed, "p", 1),                                 "nothing:unsigned"),
+        ("0 unsigned succeeded",           ev(Modified, Succeeded, "p", 1),                              "nothing:unsigned"),
+        ("0 unsigned running deleted",     ev(Deleted, Running, "p", 1).deleting(),                      "nothing:unsigned"),
+        ("0 copy of another pod's signature", ev(Modified, Failed, "copy", 1).signature_of("p"),        "nothing:unsigned"),
+        ("0 signed for another try",       ev(Modified, Failed, "p", 1).signed().with(|e| e.task = Some(support::ti(2))), "nothing:unsigned"),
+        ("0 garbage signature",            ev(Modified, Failed, "p", 1).with(|e| e.signature = "v1:zz".into()), "nothing:unsigned"),
+        ("0 unsigned revoked",             ev(Modified, Running, "p", 1).revoked(),                      "nothing:unsigned"),
+    ];
+    let (signed, open) = (support::signed_rules(), Rules::default());
+    for (case, event, expected) in &table {
+        assert_eq!(word(&signed.outcome(event)), *expected, "{case}");
+    }
+    // Without the flag a signature is not read: every row decides as the table above it.
+    assert_eq!(word(&open.outcome(&table[2].1)), "fail:pod_failed");
+    assert_eq!(word(&open.outcome(&table[5].1)), "fail:pod_failed");
 }
 
 #[test]

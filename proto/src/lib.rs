@@ -9,10 +9,12 @@
 //! - [`msg_id`]: every `Nats-Msg-Id` podstream writes.
 //! - [`task`]: conveniences on the TI key and pod reference.
 //! - [`revision`]: the order of resourceVersions.
+//! - [`signature`]: signed worker pods, the annotation and its HMAC.
 
 pub mod line;
 pub mod msg_id;
 pub mod revision;
+pub mod signature;
 pub mod subject;
 pub mod task;
 

@@ -69,6 +69,7 @@ impl Worker {
                     stats.commands += commands;
                     for delivery in &group {
                         ack(&delivery.message).await;
+                        self.count_unsigned(&delivery.event);
                     }
                     metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
                         .increment(group.len() as u64);
@@ -176,6 +177,19 @@ impl Worker {
                 }
                 Err(error) => return Err(Retry::Store(error.to_string())),
             }
+        }
+    }
+
+    /// Counts and logs a decided event whose pod is foreign for want of a valid signature.
+    fn count_unsigned(&self, event: &PodEvent) {
+        let Some(reason) = self.rules.unsigned(event) else {
+            return;
+        };
+        metrics::counter!(podstream_bus::metrics::PROCESSOR_UNSIGNED_EVENTS, "reason" => reason.name())
+            .increment(1);
+        if let Ok((pod, task)) = identity(event) {
+            warn!(pod = %pod, uid = %pod.uid, ti = %task, owner = %event.owner, %reason,
+                "pod without a valid signature: foreign, it drives nothing");
         }
     }
 

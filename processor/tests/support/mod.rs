@@ -75,6 +75,22 @@ pub trait EventExt: Sized {
     fn synthesized(self) -> Self {
         self.with(|e| e.synthesized = true)
     }
+    /// Signed by the executor of these tests, as launched (call after changing the key).
+    fn signed(self) -> Self {
+        self.with(|e| {
+            e.signature = signing().sign(e.pod.as_ref().unwrap(), e.task.as_ref().unwrap());
+        })
+    }
+    /// Carrying the signature of pod `name`'s launch: a copy of its annotations.
+    fn signature_of(self, name: &str) -> Self {
+        self.with(|e| {
+            let real = PodRef {
+                name: name.into(),
+                ..e.pod.clone().unwrap()
+            };
+            e.signature = signing().sign(&real, e.task.as_ref().unwrap());
+        })
+    }
     fn ti_id(self, uuid: &str) -> Self {
         self.with(|e| {
             if let Some(task) = e.task.as_mut() {
@@ -101,11 +117,30 @@ fn waiting(container: &str, reason: &str, message: &str) -> ContainerWaiting {
 
 use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::Command;
+use podstream_proto::signature::PodSigning;
 use podstream_proto::v1::command::Kind;
+
+/// The key the executor of these tests signs its pods with.
+pub const SIGNING_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+/// The signing of these tests' executor.
+pub fn signing() -> PodSigning {
+    PodSigning::new([SIGNING_KEY]).unwrap()
+}
+
+/// Rules that require pods signed with [`SIGNING_KEY`].
+pub fn signed_rules() -> Rules {
+    Rules::default().requiring_signatures(signing())
+}
 
 /// Feeds `events` through a fresh processor; every command as a short line.
 pub fn run(events: &[PodEvent]) -> Vec<String> {
-    let mut processor = Processor::new(Rules::default(), MemoryStore::default());
+    run_with(Rules::default(), events)
+}
+
+/// [`run`] under `rules`.
+pub fn run_with(rules: Rules, events: &[PodEvent]) -> Vec<String> {
+    let mut processor = Processor::new(rules, MemoryStore::default());
     events
         .iter()
         .flat_map(|e| processor.handle(e).unwrap())
