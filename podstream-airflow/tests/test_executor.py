@@ -126,6 +126,12 @@ def key_of(cmd):
     return annotations_to_key(task_annotations(cmd.task))
 
 
+def make_own(executor, cmd) -> None:
+    """Makes ``cmd``'s task and pod this executor's, as a launch does."""
+    executor.running.add(key_of(cmd))
+    executor.remember_pod(key_of(cmd), cmd.pod.namespace, cmd.pod.name)
+
+
 def sync_until(executor, check, what):
     def step():
         executor.sync()
@@ -142,7 +148,7 @@ def test_commands_enter_airflows_result_path_and_are_acked_after(world, make_com
         moved = make_command("transfer", task_id="moved", owner="9", **{"from": "7", "to": "9"})
         running = make_command("running", task_id="still")
         for cmd in (failed, moved, running):
-            executor.running.add(key_of(cmd))
+            make_own(executor, cmd)
         run(_publish(world.url, [
             ("podstream.commands.7.uid-load", failed.SerializeToString()),
             ("podstream.commands.7.uid-moved", moved.SerializeToString()),
@@ -173,7 +179,7 @@ def test_a_fail_for_a_task_not_launched_or_adopted_here_enters_nothing(world, ma
     try:
         stranger = make_command("fail", task_id="stranger", reason="pod_failed")
         own = make_command("fail", task_id="own", reason="pod_failed")
-        executor.running.add(key_of(own))
+        make_own(executor, own)
         assert executor.take_command(_delivery(stranger)) is None
         executor.sync()
         assert key_of(stranger) not in executor.event_buffer
@@ -181,6 +187,50 @@ def test_a_fail_for_a_task_not_launched_or_adopted_here_enters_nothing(world, ma
         assert event is not None and event.state == "failed", "a fail for its own task enters"
         executor.sync()
         assert executor.event_buffer[key_of(own)][0] == "failed"
+    finally:
+        executor.end()
+
+
+def test_pods_it_launches_are_signed_and_only_their_commands_act(world, make_command, tmp_path, monkeypatch):
+    """Each pod the executor creates carries the signature podstream checks, and is remembered:
+    a fail, completion or transfer naming any other pod of the task (a copy of its annotations)
+    enters nothing; the launched pod's fail enters."""
+    from kubernetes import client
+
+    from podstream_airflow.signing import SIGNATURE_ANNOTATION, sign
+
+    key = b"0123456789abcdef0123456789abcdef"
+    (tmp_path / "signing-key").write_bytes(key + b"\n")
+    monkeypatch.setenv("AIRFLOW__PODSTREAM__SIGNING_KEY_FILE", str(tmp_path / "signing-key"))
+    executor = started_executor()
+    try:
+        annotations = {"dag_id": "etl", "task_id": "load", "run_id": "manual__2026-11-30", "try_number": "1"}
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name="etl-load-pod", namespace="airflow", annotations=dict(annotations),
+                labels={"airflow-worker": "7", "kubernetes_executor": "True"},
+            ),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="base", image="none")]),
+        )
+        executor.kube_scheduler.run_pod_async(pod)
+        created = executor.kube_client.read_namespaced_pod("etl-load-pod", "airflow")
+        assert created.metadata.annotations[SIGNATURE_ANNOTATION] == sign(key, "airflow", "etl-load-pod", annotations)
+
+        real = make_command("fail", task_id="load", reason="pod_failed")
+        executor.running.add(key_of(real))
+        copies = []
+        for kind, fields in [("fail", {"reason": "pod_failed"}), ("completed", {}), ("transfer", {"from": "7", "to": "9"})]:
+            copy = make_command(kind, task_id="load", command_id=f"copy-{kind}", **fields)
+            copy.pod.name = "etl-load-copy"
+            copies.append(copy)
+        other_namespace = make_command("fail", task_id="load", command_id="copy-ns", reason="pod_failed")
+        other_namespace.pod.namespace = "dags"
+        for copy in [*copies, other_namespace]:
+            assert executor.take_command(_delivery(copy)) is None, f"{copy.WhichOneof('kind')} of {copy.pod}"
+        executor.sync()
+        assert key_of(real) not in executor.event_buffer and key_of(real) in executor.running
+        event = executor.take_command(_delivery(real))
+        assert event is not None and event.state == "failed", "the launched pod's fail enters"
     finally:
         executor.end()
 
@@ -200,11 +250,11 @@ def test_the_hold_hook_holds_the_loop_once_after_a_fail_is_taken(world, make_com
     executor = started_executor()
     try:
         first = make_command("fail", task_id="first", reason="pod_failed")
-        executor.running.add(key_of(first))
+        make_own(executor, first)
         assert executor.take_command(_delivery(first)) is not None, "no hold file: not held"
         (tmp_path / "hold").write_text("")
         held = make_command("fail", task_id="held", reason="pod_failed")
-        executor.running.add(key_of(held))
+        make_own(executor, held)
         taker = threading.Thread(target=executor.take_command, args=(_delivery(held),), daemon=True)
         taker.start()
         wait_for(lambda: (tmp_path / "taken").exists(), what="the hook to say it took the fail")
@@ -236,7 +286,7 @@ def test_a_command_is_acked_only_after_the_scheduler_loop_committed_its_event(wo
     executor = started_executor()
     try:
         failed = make_command("fail", task_id="held", reason="pod_failed", container_reason="Error")
-        executor.running.add(key_of(failed))
+        make_own(executor, failed)
         run(_publish(world.url, [("podstream.commands.7.uid-held", failed.SerializeToString())]))
         wait_for(executor.podstream.connected.is_set, what="the consumer")
         sync_until(executor, lambda: key_of(failed) in executor.event_buffer, "the command taken")
@@ -255,7 +305,7 @@ def test_a_scheduler_restart_resumes_from_its_consumer(world, make_command):
     run(_publish(world.url, [("podstream.commands.7.uid-later", later.SerializeToString())]))
     again = started_executor()
     try:
-        again.running.add(key_of(later))
+        make_own(again, later)
         sync_until(again, lambda: key_of(later) in again.event_buffer, "the command sent while it was down")
     finally:
         again.end()
@@ -272,7 +322,7 @@ def test_without_nats_the_scheduler_goes_on_and_catches_up(world, make_command, 
         assert caplog.text.count("the scheduler goes on") == 1
         world.start()
         late = make_command("fail", task_id="late", reason="pod_failed")
-        executor.running.add(key_of(late))
+        make_own(executor, late)
         run(_publish(world.url, [("podstream.commands.7.uid-late", late.SerializeToString())]))
         sync_until(executor, lambda: key_of(late) in executor.event_buffer, "the command after the outage")
     finally:
@@ -440,7 +490,7 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
         executor = started_executor()
         try:
             failed = make_command("fail", task_id="load", reason="pod_failed", container_reason="Error")
-            executor.running.add(key_of(failed))
+            make_own(executor, failed)
             run(_publish(nats_server.url, [("podstream.commands.7.uid-load", failed.SerializeToString())], **processor))
             wait_for(executor.podstream.connected.is_set, what="the consumer")
             sync_until(

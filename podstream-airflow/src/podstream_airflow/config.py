@@ -12,6 +12,7 @@
 | ``ca_file`` | | CA certificate to verify the server with |
 | ``cert_file``, ``key_file`` | | client certificate and key (mutual TLS) |
 | ``ack_wait_seconds`` | ``60`` | how long NATS waits for the executor to take a command before redelivering it |
+| ``signing_key_file`` | | file holding the key the executor signs its pods with (``podstream process --require-signed-pods``) |
 | ``spark_bucket`` | ``<subject_prefix>-spark`` | KV bucket of the Spark jobs' chosen drivers (``podstream process --spark-bucket``), read by ``PodstreamSparkKubernetesOperator`` |
 """
 
@@ -70,6 +71,11 @@ OPTIONS = (
         "float",
     ),
     Option(
+        "signing_key_file",
+        "File holding the key (32 bytes or more) the executor signs its worker pods with, "
+        "for podstream process --require-signed-pods.",
+    ),
+    Option(
         "spark_bucket",
         "KV bucket of the Spark jobs' chosen drivers (podstream process --spark-bucket); "
         "<subject_prefix>-spark when unset.",
@@ -97,6 +103,7 @@ class PodstreamConfig:
     key_file: Optional[str] = None
     ack_wait_seconds: float = DEFAULT_ACK_WAIT_SECONDS
     spark_bucket: str = DEFAULT_SPARK_BUCKET
+    signing_key_file: Optional[str] = None
 
     @classmethod
     def read(cls, get: Callable[[str], Optional[str]], scheduler_job_id: str) -> "PodstreamConfig":
@@ -129,6 +136,7 @@ class PodstreamConfig:
             key_file=value("key_file"),
             ack_wait_seconds=ack_wait_seconds,
             spark_bucket=value("spark_bucket") or resource_name(prefix, "spark"),
+            signing_key_file=value("signing_key_file"),
         )
 
     @classmethod

@@ -16,7 +16,7 @@ import os
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 from airflow import settings
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
@@ -33,12 +33,21 @@ from sqlalchemy.exc import SQLAlchemyError
 from podstream_airflow.commands import Ignored, WatcherEvent, meaning
 from podstream_airflow.config import PodstreamConfig
 from podstream_airflow.consumer import CommandConsumer, Delivery
+from podstream_airflow.signing import read_key, sign_pod
 from podstream_airflow.wire import decode_command
 
 #: Command ids remembered to recognize a redelivery (an ack that did not reach NATS).
 REMEMBERED_COMMANDS = 10_000
+#: Tasks whose own pods are remembered: far more than a scheduler runs at once (a task's
+#: entry goes when its ending or its transfer away enters the executor).
+REMEMBERED_TASKS = 100_000
 #: Counts fails skipped because their task is not one this scheduler launched or adopted.
 UNTRACKED_METRIC = "podstream.executor.untracked_fail"
+#: Counts transfers, fails and completions skipped because they name a pod this scheduler did
+#: not launch or adopt for the task (a copy of the pod's annotations).
+FOREIGN_POD_METRIC = "podstream.executor.foreign_pod"
+#: The commands that act on a task: only its own pod's count.
+ACTING = ("transfer", "fail", "completed")
 #: A test hook, off unless set: a folder. When ``hold`` is in it as a fail enters the executor,
 #: the file is removed, ``taken`` written, and the scheduler loop held there, so a test can
 #: kill the scheduler after it took a fail and before its loop committed what the fail did.
@@ -50,11 +59,33 @@ class PodstreamConflict(RuntimeError):
 
 
 class _SchedulerWithoutWatchers(kubernetes_executor_utils.AirflowKubernetesScheduler):
-    """The provider's pod launcher, with no ``KubernetesJobWatcher``: nothing to start, to
-    health-check or to terminate."""
+    """The provider's pod launcher, with no ``KubernetesJobWatcher`` (nothing to start, to
+    health-check or to terminate), that signs each pod it creates and tells the executor."""
+
+    #: The key pods are signed with; ``None`` leaves them unsigned.
+    signing_key: Optional[bytes] = None
+    #: Called with each pod just before it is created.
+    on_launch: Optional[Callable[[Any], None]] = None
 
     def _make_kube_watchers(self) -> dict:
         return {}
+
+    def _launching(self, pod: Any) -> None:
+        sign_pod(self.signing_key, pod)
+        if self.on_launch is not None:
+            self.on_launch(pod)
+
+    def run_pod_async(self, pod: Any, **kwargs: Any) -> Any:
+        """Signs and remembers the pod, then creates it as the provider does (one at a time)."""
+        self._launching(pod)
+        return super().run_pod_async(pod, **kwargs)
+
+    def _run_pods_async(self, jobs_and_pods: list) -> list:
+        """Signs and remembers the pods, then creates them as the provider does (in a batch,
+        cncf.kubernetes 10.25 and later)."""
+        for _job, pod in jobs_and_pods:
+            self._launching(pod)
+        return super()._run_pods_async(jobs_and_pods)
 
 
 @contextmanager
@@ -80,6 +111,9 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         #: Commands whose events the last ``sync`` put in the event buffer: acked on the next
         #: ``sync``, once the scheduler loop has committed what they did.
         self._uncommitted: list = []
+        #: (namespace, name) of the pods this scheduler launched or adopted, by TI key: only
+        #: their commands act on a task.
+        self.own_pods: "OrderedDict[Any, set]" = OrderedDict()
 
     def _scheduler(self) -> str:
         """This scheduler's job id, which Airflow sets before it starts the executor."""
@@ -92,6 +126,11 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         with _launcher_without_watchers():
             super().start()
         config = PodstreamConfig.from_airflow(self._scheduler())
+        launcher = cast(_SchedulerWithoutWatchers, self.kube_scheduler)
+        launcher.signing_key = read_key(config.signing_key_file) if config.signing_key_file else None
+        launcher.on_launch = self._launched
+        if launcher.signing_key is None:
+            self.log.info("podstream: worker pods are not signed ([podstream] signing_key_file is not set)")
         self.podstream = CommandConsumer(config, self._scheduler())
         self.podstream.start()
 
@@ -140,7 +179,22 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
                 what.reason,
             )
             return None
-        if what.state == TaskInstanceState.FAILED.value and annotations_to_key(what.annotations) not in self.running:
+        kind = command.WhichOneof("kind")
+        key = annotations_to_key(what.annotations)
+        if kind in ACTING and (what.namespace, what.pod_name) not in self.own_pods.get(key, ()):
+            # A pod this scheduler did not launch or adopt for the task (a copy of its
+            # annotations, or a pod left from before a restart that was never adopted): its
+            # outcome is not the task's here.
+            self.log.warning(
+                "podstream: %s for %s skipped: pod %s/%s is not one this scheduler launched or adopted",
+                kind,
+                _ti(command),
+                what.namespace,
+                what.pod_name,
+            )
+            Stats.incr(FOREIGN_POD_METRIC)
+            return None
+        if what.state == TaskInstanceState.FAILED.value and key not in self.running:
             # Only a task this scheduler launched or adopted can fail here: a fail for any
             # other (a forged pod under this job id) is skipped, and the pod it names is left.
             self.log.warning(
@@ -150,6 +204,10 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
             )
             Stats.incr(UNTRACKED_METRIC)
             return None
+        if kind in ACTING:
+            # The task's pod is done here (it ended, or another scheduler took it); a relaunch
+            # of the try is a launch, and is remembered again.
+            self.own_pods.pop(key, None)
         event = _watch(what)
         self.log.info(
             "podstream: %s for %s (pod %s) enters the executor as %s",
@@ -186,6 +244,25 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
             if len(remaining) < before:
                 self.log.info("podstream: adopted pod %s/%s by podstream's record of it", namespace, name)
         return super().try_adopt_task_instances(list(remaining.values()))
+
+    def adopt_launched_task(self, kube_client: Any, pod: Any, tis_to_flush_by_key: dict) -> None:
+        """Adopts as the stock executor does; a pod it adopts becomes one of this scheduler's."""
+        before = len(tis_to_flush_by_key)
+        super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
+        if len(tis_to_flush_by_key) < before:
+            self._launched(pod)
+
+    def remember_pod(self, key: Any, namespace: str, name: str) -> None:
+        """Records pod ``namespace/name`` as this scheduler's for TI ``key`` (the oldest task
+        forgotten past ``REMEMBERED_TASKS``)."""
+        self.own_pods.setdefault(key, set()).add((namespace, name))
+        self.own_pods.move_to_end(key)
+        while len(self.own_pods) > REMEMBERED_TASKS:
+            self.own_pods.popitem(last=False)
+
+    def _launched(self, pod: Any) -> None:
+        metadata = pod.metadata
+        self.remember_pod(annotations_to_key(metadata.annotations), metadata.namespace, metadata.name)
 
     def end(self) -> None:
         """Stops the consumer, then the executor as the stock one stops."""
