@@ -160,6 +160,16 @@ fn every_overlay_renders_validates_and_keeps_the_promises() {
                 .map(|d| d["spec"]["replicas"].clone())
         };
         assert_eq!(replicas("podstream-ingest"), Some(Value::from(2)));
+        let process = deployments
+            .iter()
+            .find(|d| d["metadata"]["name"] == "podstream-process")
+            .unwrap();
+        let process_args = strings(&process["spec"]["template"]["spec"]["containers"][0]["args"]);
+        assert_eq!(
+            process_args.contains(&"--require-signed-pods"),
+            overlay == "podstream-executor",
+            "{overlay}: only the executor's pods are signed: {process_args:?}"
+        );
         let sink = deployments
             .iter()
             .find(|d| d["metadata"]["name"] == "podstream-sink")
