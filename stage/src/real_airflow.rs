@@ -21,6 +21,10 @@ use crate::{free_port, kubectl, podstream_binary, workspace_root};
 
 /// The database Airflow runs on.
 const DATABASE: &str = "airflow";
+/// The key the stage's schedulers sign worker pods with (a test key, in the stage's dir).
+const SIGNING_KEY: &str = "podstream-stage-pod-signing-key-0123456789abcdef\n";
+/// Its file's name in the stage's dir.
+const SIGNING_KEY_FILE: &str = "pod-signing-key";
 
 /// Which DAGs the Airflow parses (a folder under `stage/airflow/dags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,6 +385,13 @@ impl RealAirflow {
                 "podstream_airflow.PodstreamKubernetesExecutor".to_owned(),
             ));
             env.push(("AIRFLOW__PODSTREAM__URL".to_owned(), nats.url()));
+            // As the podstream-executor overlay runs it: every pod signed, only signed pods act.
+            let key = dir.path().join(SIGNING_KEY_FILE);
+            std::fs::write(&key, SIGNING_KEY).unwrap_or_else(|e| panic!("{}: {e}", key.display()));
+            env.push((
+                "AIRFLOW__PODSTREAM__SIGNING_KEY_FILE".to_owned(),
+                key.display().to_string(),
+            ));
         }
         let mut real = RealAirflow {
             airflow,
@@ -491,10 +502,18 @@ impl RealAirflow {
                 "airflow",
             ])
             .args(["--nats", &nats.url(), "--db", &self.pg.url(DATABASE)])
+            .arg("--require-signed-pods")
+            .arg("--pod-signing-key-file")
+            .arg(self.dir.path().join(SIGNING_KEY_FILE))
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info");
         let log = self.dir.path().join("podstream-run.log");
         self.podstream = Some(Service::spawn("podstream run", command, log));
+    }
+
+    /// What `podstream run` has logged so far; empty with the stock executor.
+    pub fn podstream_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("podstream-run.log")).unwrap_or_default()
     }
 
     /// The URL of the nats-server podstream runs on; `None` with the stock executor.

@@ -50,6 +50,11 @@ pub enum Story {
     /// (i) A forged pod, a copy of the task's pod under another `task_instance_id` (anyone
     /// who can create pods in the namespace can make one), fails while the task runs.
     ForgedPod,
+    /// (j) Before the task's pod exists, a copy of the pod it will have (its predictable
+    /// names, try 1, the scheduler's job id as owner) succeeds at once; then the real pod
+    /// dies. With podstream's signed pods the copy settles nothing: the real failure fails
+    /// try 1 once and try 2 succeeds. Not one of [`Story::ALL`]: it needs signed pods.
+    CopyFirst,
 }
 
 impl Story {
@@ -78,6 +83,7 @@ impl Story {
                 "the task's pod dies and its scheduler is down before it committed the failure"
             }
             Story::ForgedPod => "a forged copy of the task's pod fails",
+            Story::CopyFirst => "a copy of the task's pod succeeds before the real pod exists",
         }
     }
 
@@ -96,6 +102,7 @@ impl Story {
             Story::ForgedPod => {
                 "trust: a pod anyone in the namespace can create must not fail a running task"
             }
+            Story::CopyFirst => "trust: a copy that ends first must not mute the real pod",
         }
     }
 
@@ -120,6 +127,10 @@ impl Story {
                 start_a_forged_pod_that_fails(real);
                 Ok(())
             }
+            Story::CopyFirst => {
+                tell_the_first_try_to_die(real);
+                Ok(())
+            }
         }
     }
 
@@ -138,7 +149,7 @@ impl Story {
     /// retry callback) before any scheduler runs, with either executor.
     pub fn right_ending(self, airflow: Airflow) -> (&'static str, &'static [&'static str]) {
         match self {
-            Story::DiesWhileDown | Story::KilledAfterTakingAFail => {
+            Story::DiesWhileDown | Story::KilledAfterTakingAFail | Story::CopyFirst => {
                 ("2", &[RETRY_OF_THE_FIRST_TRY, SUCCESS_ON_THE_SECOND_TRY])
             }
             Story::DeletedWhileDown if !airflow.is_3() => {
@@ -184,7 +195,9 @@ fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
         .into_iter()
         .find(|pod| {
             let annotations = &pod["metadata"]["annotations"];
-            annotations["task_id"] == "works" && annotations["try_number"] == try_number
+            annotations["task_id"] == "works"
+                && annotations["try_number"] == try_number
+                && !is_planted_copy(pod)
         })
         .and_then(|pod| pod["status"]["phase"].as_str().map(str::to_owned))
 }
@@ -242,6 +255,14 @@ fn play_once(
     kubernetes: Kubernetes,
 ) -> Result<(RealAirflow, String), String> {
     let mut real = RealAirflow::start_on(airflow, Dags::Story, executor, kubernetes);
+    if story == Story::CopyFirst
+        && let Err(why) = plant_a_copy_that_succeeds(&mut real)
+    {
+        return Err(format!(
+            "{}: {why}",
+            heading(airflow, executor, story, "not played")
+        ));
+    }
     // Why the play says nothing of its act, with what the stage shows.
     let says_nothing = |real: &RealAirflow, why: String, when: &str, state: &str| {
         format!(
@@ -547,11 +568,71 @@ fn start_a_forged_pod_that_fails(real: &mut RealAirflow) {
     real.create_pod(&forged);
 }
 
-/// The story task's first pod listed (the one an act works on), if there is one.
+/// The story task's first pod listed (the one an act works on), if there is one; never
+/// [`Story::CopyFirst`]'s copy.
 fn first_pod(real: &RealAirflow) -> Option<Value> {
     real.pods()
         .into_iter()
-        .find(|p| p["metadata"]["annotations"]["task_id"] == "works")
+        .find(|p| p["metadata"]["annotations"]["task_id"] == "works" && !is_planted_copy(p))
+}
+
+/// The name of [`Story::CopyFirst`]'s copy.
+pub const PLANTED_COPY: &str = "podstream-story-works-planted-copy";
+
+fn is_planted_copy(pod: &Value) -> bool {
+    pod["metadata"]["name"] == PLANTED_COPY
+}
+
+/// The run `@once` makes of the story DAG: what a copy made in advance can name.
+pub const STORY_RUN_ID: &str = "scheduled__2026-01-01T00:00:00+00:00";
+
+/// (j) Once a scheduler runs and before the task's pod exists: a copy of that pod (the story
+/// run's names, try 1, the scheduler's job id), which succeeds at once.
+fn plant_a_copy_that_succeeds(real: &mut RealAirflow) -> Result<(), String> {
+    let scheduler = |r: &RealAirflow| {
+        r.query("SELECT max(id) FROM job WHERE job_type = 'SchedulerJob' AND state = 'running'")
+            .into_iter()
+            .flatten()
+            .find(|id| !id.is_empty())
+    };
+    real.wait_until("a scheduler job to run", WAIT, |r| scheduler(r).is_some());
+    let owner = scheduler(real).unwrap_or_default();
+    if first_pod(real).is_some() {
+        return Err("the task's pod was there before the copy".to_owned());
+    }
+    let labels = json!({"airflow-worker": owner, "dag_id": DAG, "task_id": "works",
+        "try_number": "1", "kubernetes_executor": "True"});
+    real.create_pod(&json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": PLANTED_COPY,
+            "namespace": "airflow",
+            "labels": labels,
+            "annotations": {"dag_id": DAG, "task_id": "works", "run_id": STORY_RUN_ID, "try_number": "1"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "base", "image": "podstream-story", "command": ["sh", "-c", "exit 0"]}],
+        },
+    }));
+    real.wait_until("the copy to succeed", WAIT, |r| {
+        r.pods()
+            .iter()
+            .any(|p| is_planted_copy(p) && p["status"]["phase"] == "Succeeded")
+    });
+    if first_pod(real).is_some() {
+        return Err("the task's pod appeared before the copy ended".to_owned());
+    }
+    real.note("the copy succeeded before the task's pod exists");
+    Ok(())
+}
+
+/// (j) The real pod dies while its scheduler runs; the retry succeeds.
+fn tell_the_first_try_to_die(real: &RealAirflow) {
+    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(real.endings.join("1"), "die").unwrap_or_else(|e| panic!("{e}"));
+    real.note("told try 1 to die");
 }
 
 /// The same pod again under another name (as a relaunch after a reset would make it), whose

@@ -13,7 +13,9 @@
 
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
-use podstream_tests::stories::{FORGED_SUFFIX, Story, ended_right, heading, play};
+use podstream_tests::stories::{
+    FORGED_SUFFIX, PLANTED_COPY, STORY_RUN_ID, Story, ended_right, heading, play,
+};
 
 /// Plays `story` with podstream's executor; it must end right. Returns the stage.
 fn with_podstream(airflow: Airflow, story: Story) -> RealAirflow {
@@ -138,4 +140,25 @@ fn podstream_airflow_3_1_forged_pod() {
         .map(|pod| pod["status"]["phase"].as_str().unwrap_or("?").to_owned())
         .collect();
     assert_eq!(forged, ["Failed"], "{}", real.timeline());
+}
+
+// Trust: a copy of the task's pod made before the real one, succeeding at once, settles
+// nothing (it carries no signature of the executor's): the real pod's failure still fails
+// try 1 once, and try 2 succeeds.
+
+#[test]
+fn podstream_airflow_3_1_copy_first() {
+    let real = with_podstream(Airflow::line("3.1"), Story::CopyFirst);
+    let runs = real.query("SELECT DISTINCT run_id FROM task_instance WHERE task_id = 'works'");
+    assert_eq!(
+        runs,
+        [[STORY_RUN_ID]],
+        "the copy named the run the task ran in"
+    );
+    let log = real.podstream_log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("without a valid signature") && line.contains(PLANTED_COPY)),
+        "podstream took the copy for a foreign pod:\n{log}"
+    );
 }
