@@ -321,7 +321,10 @@ def live_pods(tis: Sequence[Any]) -> list:
         with settings.engine.connect() as connection:
             rows = connection.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
     except SQLAlchemyError as error:
-        logging.getLogger(__name__).info("podstream: no record of pods to adopt by (%s)", type(error).__name__)
+        # A missing grant (docs/install.md) makes adoption fall back to labels: say so loudly.
+        logging.getLogger(__name__).warning(
+            "podstream: no record of pods to adopt by (%s); adopting by labels only", type(error).__name__
+        )
         return []
     return [(row[5], row[6]) for row in rows if tuple(row[:5]) in wanted]
 

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod grants;
 mod outages;
 mod pooler;
 mod retention;
