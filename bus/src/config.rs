@@ -9,6 +9,9 @@ use podstream_proto::subject::{DEFAULT_PREFIX, Subjects, TokenError};
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Seconds in which a re-published message is dropped as a duplicate, by default.
 pub const DEFAULT_DUPLICATE_WINDOW_SECONDS: u64 = 120;
+/// The dead-letter stream's byte limit when none is given (oldest dropped first): a stream of
+/// pods that stay unusable must not fill the server's disk.
+pub const DEFAULT_DEAD_LETTER_MAX_BYTES: u64 = 1 << 30;
 /// Seconds a durable consumer waits for an ack before it redelivers, by default: what a
 /// crashed instance held comes back this soon; a live one keeps what it works on longer with
 /// progress acks ([`crate::in_flight`]).

@@ -74,7 +74,10 @@ pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSetti
             max_age: settings
                 .max_age
                 .unwrap_or_else(crate::config::default_max_age),
-            max_bytes: bytes_limit(settings.max_bytes.unwrap_or(0)),
+            max_bytes: bytes_limit(settings.max_bytes.unwrap_or(match stream {
+                Stream::DeadLetters => crate::config::DEFAULT_DEAD_LETTER_MAX_BYTES,
+                _ => 0,
+            })),
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
             ..Default::default()
@@ -380,6 +383,25 @@ mod tests {
         CreateKeyValueError, CreateKeyValueErrorKind, CreateStreamError, CreateStreamErrorKind,
         RequestError, RequestErrorKind,
     };
+
+    #[test]
+    fn only_the_dead_letters_have_a_byte_limit_unless_one_is_given() {
+        let subjects = Subjects::default();
+        let limit = |stream, max_bytes| {
+            let settings = StreamSettings {
+                max_bytes,
+                ..StreamSettings::default()
+            };
+            stream_config(&subjects, stream, &settings).config.max_bytes
+        };
+        let default = i64::try_from(crate::config::DEFAULT_DEAD_LETTER_MAX_BYTES).unwrap();
+        assert_eq!(limit(Stream::DeadLetters, None), default);
+        assert_eq!(limit(Stream::DeadLetters, Some(4096)), 4096);
+        assert_eq!(limit(Stream::PodEvents, None), -1);
+        assert_eq!(limit(Stream::Commands, Some(4096)), 4096);
+        let dead = stream_config(&subjects, Stream::DeadLetters, &StreamSettings::default());
+        assert_eq!(dead.config.discard, stream::DiscardPolicy::Old);
+    }
 
     #[test]
     fn no_answer_is_unavailable_and_a_refusal_is_not() {

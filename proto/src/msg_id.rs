@@ -67,14 +67,26 @@ pub fn spark_event(uid: &str, resource_version: &str, deleted: bool) -> String {
     format!("spark:{uid}:{resource_version}:{}", change(deleted))
 }
 
-/// The id of the dead letter of a pod the ingest could not use.
+/// The id of the dead letter of a pod the ingest could not use, for `reason`: one per pod
+/// and reason, whatever revision shows it again (the reason as a short SHA-256, since it may
+/// quote a long value).
 ///
 /// ```
 /// use podstream_proto::msg_id;
-/// assert_eq!(msg_id::dead_pod("6f1c", "1042"), "6f1c:1042:dead");
+/// let id = msg_id::dead_pod("6f1c", "pod has no `dag_id` annotation");
+/// assert!(id.starts_with("6f1c:dead:") && id.len() == "6f1c:dead:".len() + 16);
+/// assert_eq!(id, msg_id::dead_pod("6f1c", "pod has no `dag_id` annotation"));
+/// assert_ne!(id, msg_id::dead_pod("6f1c", "pod has no `task_id` annotation"));
 /// ```
-pub fn dead_pod(uid: &str, resource_version: &str) -> String {
-    format!("{uid}:{resource_version}:dead")
+pub fn dead_pod(uid: &str, reason: &str) -> String {
+    use sha2::Digest as _;
+    use std::fmt::Write as _;
+    let digest = sha2::Sha256::digest(reason.as_bytes());
+    let mut id = format!("{uid}:dead:");
+    for byte in &digest[..8] {
+        let _ = write!(id, "{byte:02x}");
+    }
+    id
 }
 
 /// The id of the dead letter of a Spark object the ingest could not use.

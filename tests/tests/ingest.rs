@@ -613,6 +613,12 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
         .cluster()
         .create_pod(broken("broken-watched", "task_instance_id", "ti-42"))
         .unwrap();
+    // A pod that stays unusable is one dead letter per reason, not one per revision.
+    for phase in ["Pending", "Running", "Running", "Failed"] {
+        sim.cluster()
+            .set_phase("airflow", "broken-watched", phase)
+            .unwrap();
+    }
     scenario.create("after-broken", "1");
     bus::settle(
         &js,
@@ -641,14 +647,14 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
     {
         let name = pod["metadata"]["name"].as_str().unwrap();
         let uid = pod["metadata"]["uid"].as_str().unwrap();
-        let rv = pod["metadata"]["resourceVersion"].as_str().unwrap();
         assert_eq!(letter.subject, "podstream.dead.ingest");
         let reason = letter.header("Podstream-Reason").unwrap();
         assert!(reason.contains(annotation), "{name}: {reason}");
-        // Named, so a retried dead letter is stored once and a reader finds the pod.
+        // Named by pod and reason, so a retried dead letter is stored once (and a pod that
+        // stays unusable once) and a reader finds the pod.
         assert_eq!(
             letter.header("Nats-Msg-Id").unwrap(),
-            format!("{uid}:{rv}:dead"),
+            podstream_proto::msg_id::dead_pod(uid, &reason),
             "{name}"
         );
         let source = letter.header("Podstream-Source").unwrap();

@@ -46,7 +46,14 @@ pub(super) struct Ingest {
     pub staged: Vec<Message>,
     /// Why this ingest may write nothing more, once the checkpoint said so.
     pub deposed: Option<anyhow::Error>,
+    /// Ids of the pods' dead letters already made: a pod that stays unusable is one dead
+    /// letter per reason, not one per revision.
+    pub dead_made: hashlink::LruCache<String, ()>,
 }
+
+/// Dead letters an ingest remembers having made (pods that stay unusable), a few hundred
+/// bytes each.
+pub(super) const DEAD_LETTERS_REMEMBERED: usize = 10_000;
 
 impl Ingest {
     /// Publishes a completed list: history replayed first, then the listed pods, then
@@ -185,7 +192,13 @@ impl Ingest {
     pub(super) fn stage(&mut self, projected: Projected, sighting: Sighting) {
         let event = match projected {
             Projected::Event(event) => event,
-            Projected::Unusable(dead) => return self.staged.push(Message::Dead(*dead)),
+            Projected::Unusable(dead) => {
+                if self.dead_made.insert(dead.msg_id.clone(), ()).is_some() {
+                    self.stats.skipped += 1;
+                    return;
+                }
+                return self.staged.push(Message::Dead(*dead));
+            }
         };
         if let Ok(rv) = event.resource_version.parse::<u64>()
             && self.cursor.is_none_or(|c| rv > c)

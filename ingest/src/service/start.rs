@@ -102,6 +102,7 @@ pub(super) async fn start(
         stats: IngestStats::default(),
         staged: Vec::with_capacity(BURST),
         deposed: None,
+        dead_made: hashlink::LruCache::new(super::publishing::DEAD_LETTERS_REMEMBERED),
     };
     Ok(Some(Started { ingest, leadership }))
 }

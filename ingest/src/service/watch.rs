@@ -211,7 +211,7 @@ pub(super) fn project(subjects: &Subjects, kind: EventType, pod: WatchedPod) -> 
             tracing::warn!(pod = %name, namespace = %namespace, uid = %uid, %reason, "unusable pod; dead-lettered");
             Projected::Unusable(Box::new(DeadLetter::of_object(
                 subjects,
-                msg_id::dead_pod(&uid, &rv),
+                msg_id::dead_pod(&uid, &reason),
                 format!("pod {namespace}/{name} uid {uid} resourceVersion {rv}"),
                 reason,
                 Bytes::from(crate::dead_pod::kept(unusable.raw.get())),
