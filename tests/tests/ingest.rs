@@ -654,7 +654,7 @@ async fn an_unusable_pod_is_dead_lettered_and_the_stream_goes_on() {
         // stays unusable once) and a reader finds the pod.
         assert_eq!(
             letter.header("Nats-Msg-Id").unwrap(),
-            podstream_proto::msg_id::dead_pod(uid, &reason),
+            podstream_proto::msg_id::dead_pod(uid, reason),
             "{name}"
         );
         let source = letter.header("Podstream-Source").unwrap();
