@@ -349,8 +349,12 @@ fn command_kind(outcome: &Outcome) -> Option<Kind> {
     })
 }
 
-/// Emits a duplicate record when the set of pods of the TI, or the chosen
-/// one, differs from the last record.
+/// The most other pods a duplicate record names (the most preferred): thousands of copies of
+/// a pod must not make a command past the server's `max_payload`.
+pub const MAX_DUPLICATE_OTHERS: usize = 32;
+
+/// Emits a duplicate record when the set of pods of the TI (as far as it names them), or the
+/// chosen one, differs from the last record.
 fn report_duplicates<'e>(
     task: &mut TaskState,
     key: &'e TaskKey,
@@ -369,6 +373,8 @@ fn report_duplicates<'e>(
         .filter(|c| c.pod.uid != chosen.pod.uid)
         .collect();
     others.sort_by(|a, b| precedence(a, b));
+    let left_out = others.len().saturating_sub(MAX_DUPLICATE_OTHERS);
+    others.truncate(MAX_DUPLICATE_OTHERS);
     let mut signature: Vec<String> = others.iter().map(|c| c.pod.uid.clone()).collect();
     signature.sort();
     signature.insert(0, chosen.pod.uid.clone());
@@ -379,6 +385,7 @@ fn report_duplicates<'e>(
         chosen: Some(chosen.pod.clone()),
         others: others.iter().map(|c| c.pod.clone()).collect(),
         basis: v1::DuplicateBasis::PodOrder as i32,
+        others_left_out: u32::try_from(left_out).unwrap_or(u32::MAX),
     });
     push_sized(commands, command(key, pod, event, duplicate));
     task.duplicate_reported = Some(signature);

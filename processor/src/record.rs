@@ -20,6 +20,9 @@ use crate::decide::{Decision, EventError, decide_identified, identity};
 use crate::rules::{Outcome, Rules};
 use crate::state::{PodState, Prior, TaskState};
 
+/// The most deleted pods a task record remembers (the newest by stream sequence).
+pub const MAX_TOMBSTONES: usize = 16;
+
 /// The KV entry of one task instance.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -184,6 +187,7 @@ impl TaskRecord {
                     Some(known) => *known = record,
                     None => self.pods.push((uid.to_owned(), record)),
                 }
+                self.prune_tombstones();
                 self.task = applied.task;
                 Recorded::Applied {
                     outcome: applied.outcome,
@@ -191,6 +195,31 @@ impl TaskRecord {
                 }
             }
         }
+    }
+
+    /// Drops the oldest deleted pods' tombstones beyond [`MAX_TOMBSTONES`]: a TI that many
+    /// copies of its pod were made for keeps a bounded record. A tombstone only guards against
+    /// a late redelivery of its pod's events, which the oldest are least likely to see.
+    fn prune_tombstones(&mut self) {
+        let mut gone: Vec<(u64, usize)> = (self.pods.iter().enumerate())
+            .filter(|(_, (_, p))| p.state.gone)
+            .map(|(at, (_, p))| (p.sequence, at))
+            .collect();
+        if gone.len() <= MAX_TOMBSTONES {
+            return;
+        }
+        // Oldest first: by stream sequence, then (in process, where there is none) as seen.
+        gone.sort_unstable();
+        let dropped: Vec<usize> = gone[..gone.len() - MAX_TOMBSTONES]
+            .iter()
+            .map(|(_, at)| *at)
+            .collect();
+        let mut at = 0;
+        self.pods.retain(|_| {
+            let keep = !dropped.contains(&at);
+            at += 1;
+            keep
+        });
     }
 
     /// Serializes the record (JSON, readable with `nats kv get`).

@@ -336,3 +336,65 @@ fn finished_task_instances_are_forgotten_beyond_the_limit_and_live_ones_never() 
     let kept = processor.handle(&repeat).unwrap();
     assert!(kept.is_empty(), "{kept:?}");
 }
+
+/// Thousands of copies of a pod keep a task's record and its commands bounded: a duplicate
+/// names the 32 most preferred others and counts the rest, and a record keeps the newest 16
+/// deleted pods' tombstones besides its live pods.
+#[test]
+fn copies_by_the_hundred_keep_the_record_and_the_commands_bounded() {
+    use podstream_processor::decide::MAX_DUPLICATE_OTHERS;
+    use podstream_processor::record::{MAX_TOMBSTONES, TaskRecord};
+    use podstream_proto::v1::command::Kind;
+
+    let rules = podstream_processor::Rules::default();
+    let mut record = TaskRecord::default();
+    let mut sequence = 0;
+    let mut decide = |record: &mut TaskRecord, event| {
+        sequence += 1;
+        record.apply(&rules, &event, sequence).unwrap()
+    };
+    decide(&mut record, ev(Added, Running, "real", 1).created(1));
+    let mut last_duplicate = None;
+    for n in 0..100u64 {
+        let copy = format!("copy-{n:03}");
+        let commands = decide(&mut record, ev(Added, Pending, &copy, 2 + n).created(2));
+        if let Some(Kind::Duplicate(d)) = commands.into_iter().find_map(|c| c.kind) {
+            last_duplicate = Some(d);
+        }
+    }
+    let duplicate = last_duplicate.expect("a duplicate record");
+    assert_eq!(duplicate.chosen.unwrap().name, "real");
+    assert_eq!(duplicate.others.len(), MAX_DUPLICATE_OTHERS);
+    assert_eq!(
+        duplicate.others_left_out as usize,
+        100 - MAX_DUPLICATE_OTHERS
+    );
+    assert!(record.encode().unwrap().len() < 256 * 1024);
+
+    for n in 0..100u64 {
+        let copy = format!("copy-{n:03}");
+        decide(
+            &mut record,
+            ev(Deleted, Pending, &copy, 200 + n).created(2).deleting(),
+        );
+    }
+    assert_eq!(
+        record.pods.len(),
+        1 + MAX_TOMBSTONES,
+        "the live pod and the newest tombstones"
+    );
+    assert!(record.pod("uid-real").is_some_and(|p| !p.state.gone));
+    assert!(
+        record.pod("uid-copy-099").is_some(),
+        "the newest tombstone stays"
+    );
+    assert!(record.pod("uid-copy-000").is_none(), "the oldest goes");
+    // A late repeat of a kept tombstone's event is still stale.
+    assert!(
+        decide(
+            &mut record,
+            ev(Deleted, Pending, "copy-099", 299).created(2).deleting()
+        )
+        .is_empty()
+    );
+}

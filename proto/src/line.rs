@@ -89,9 +89,12 @@ pub struct CommandLine {
     /// The pod that drives the TI, for `duplicate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chosen: Option<PodRef>,
-    /// The other pods of the TI, for `duplicate`.
+    /// The other pods of the TI, for `duplicate` (at most 32, the most preferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub others: Option<Vec<PodRef>>,
+    /// How many other pods `others` leaves out, for `duplicate`; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others_left_out: Option<u32>,
     /// What was wrong, for `invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -173,6 +176,8 @@ impl From<&Command> for CommandLine {
             Some(Kind::Duplicate(duplicate)) => {
                 line.chosen = duplicate.chosen.clone();
                 line.others = Some(duplicate.others.clone());
+                line.others_left_out =
+                    (duplicate.others_left_out > 0).then_some(duplicate.others_left_out);
                 line.reason = basis_name(duplicate.basis()).map(str::to_owned);
             }
             Some(Kind::Completed(_) | Kind::Running(_)) => {}
@@ -236,6 +241,7 @@ impl TryFrom<CommandLine> for Command {
                 basis: basis_named(line.reason.as_deref())? as i32,
                 chosen: Some(need(line.chosen, "duplicate", "chosen")?),
                 others: line.others.unwrap_or_default(),
+                others_left_out: line.others_left_out.unwrap_or_default(),
             }),
             LineKind::Invalid => return Err(LineError::Invalid(line.error.unwrap_or_default())),
         };
@@ -335,10 +341,12 @@ mod tests {
             None,
             "worker pods: semantics.md's order"
         );
+        assert_eq!(value.get("others_left_out"), None, "none left out");
         let driver = command(Kind::Duplicate(v1::Duplicate {
             chosen: Some(pod("a")),
             others: vec![pod("b")],
             basis: v1::DuplicateBasis::SparkApplication as i32,
+            ..Default::default()
         }));
         let value = serde_json::to_value(CommandLine::from(&driver)).unwrap();
         assert_eq!(value["reason"], "spark_application");
@@ -402,6 +410,13 @@ mod tests {
                 chosen: Some(pod("a")),
                 others: vec![pod("b")],
                 basis: v1::DuplicateBasis::SparkPodFacts as i32,
+                ..Default::default()
+            }),
+            Kind::Duplicate(v1::Duplicate {
+                chosen: Some(pod("a")),
+                others: vec![pod("b")],
+                others_left_out: 5,
+                ..Default::default()
             }),
         ];
         for kind in kinds {

@@ -303,6 +303,8 @@ impl JobRecord {
                 chosen: Some(chosen.pod.clone()),
                 others,
                 basis: choice.basis as i32,
+                // A Spark job's drivers are the few its application made.
+                others_left_out: 0,
             }),
         }
         .into_command();
