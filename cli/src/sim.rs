@@ -21,6 +21,15 @@ pub struct SimArgs {
     /// command as the user who started it, so serve it beyond this machine only on purpose.
     #[arg(long, env = "PODSTREAM_SIM_LISTEN", default_value = "127.0.0.1:8001")]
     listen: SocketAddr,
+    /// A host name the API answers to besides loopback ones (the `Host` header: a web page
+    /// that reaches the simulator through a name of its own is refused); repeatable.
+    #[arg(
+        long,
+        env = "PODSTREAM_SIM_ALLOW_HOSTS",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    allow_host: Vec<String>,
     /// Where to write a kubeconfig for kubectl and the kube crate.
     #[arg(long, env = "PODSTREAM_SIM_KUBECONFIG")]
     kubeconfig: PathBuf,
@@ -74,6 +83,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
             namespaces: args.namespaces.clone(),
             custom_resources,
+            allowed_hosts: args.allow_host.clone(),
         };
         let server = Server::start(args.listen, config).await?;
         let _kubelet = if args.kubelet {

@@ -35,6 +35,8 @@ pub struct SimConfig {
     pub namespaces: Vec<String>,
     /// Custom resources served beside the built-in ones.
     pub custom_resources: Vec<&'static CustomResource>,
+    /// Host names the server answers to besides loopback ones (`Host` header).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for SimConfig {
@@ -44,6 +46,7 @@ impl Default for SimConfig {
             bookmark_interval: Duration::from_secs(1),
             namespaces: Vec::new(),
             custom_resources: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -31,6 +31,27 @@ pub struct AppState {
     pub cluster: Cluster,
     /// `host:port` for `/api`'s serverAddressByClientCIDRs.
     pub address: String,
+    /// Host names answered besides loopback ones ([`host_allowed`]).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Whether a request's `Host` header names this server: a loopback name (`localhost`,
+/// `127.0.0.1`, `[::1]`, any port) or one of `allowed`. A web page's script that reaches the
+/// simulator through a name it controls (DNS rebinding) sends that name, and is refused.
+pub fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
+    let Some(host) = host else {
+        // HTTP/1.0 without Host: no browser sends that.
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(name, _)| name),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let loopback = name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    loopback || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// The router: one handler that parses kube-apiserver paths itself.
@@ -58,6 +79,19 @@ async fn handle(
     let latency = state.cluster.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    if !host_allowed(host, &state.allowed_hosts) {
+        tracing::warn!(host = ?host, path = uri.path(), "request for a host the simulator does not answer to; refused");
+        return error_response(&ApiError::new(
+            Reason::Forbidden,
+            format!(
+                "host {:?} is not one the simulator answers to (loopback names, or --allow-host)",
+                host.unwrap_or_default()
+            ),
+        ));
     }
     let query = Query::parse(uri.query());
     let request = Request {

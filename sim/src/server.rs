@@ -24,6 +24,7 @@ pub struct Server {
 impl Server {
     /// Binds `listen` (port 0 picks a free one) and serves a fresh cluster on it.
     pub async fn start(listen: SocketAddr, config: SimConfig) -> anyhow::Result<Server> {
+        let allowed_hosts = config.allowed_hosts.clone();
         let cluster = Cluster::new(config).context("creating the simulated cluster")?;
         let listener = TcpListener::bind(listen)
             .await
@@ -32,6 +33,7 @@ impl Server {
         let app = router(AppState {
             cluster: cluster.clone(),
             address: addr.to_string(),
+            allowed_hosts,
         });
         // As kube-apiserver (Go's net/http sets TCP_NODELAY): without it, Nagle's algorithm
         // holds each small watch chunk until the client's delayed ACK, tens of milliseconds.

@@ -8,8 +8,9 @@ mod support;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use podstream_sim::{Server, SimConfig};
 use serde_json::json;
-use support::{client, name, server, worker};
+use support::{client, name, server, server_with, worker};
 
 fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
     match result {
@@ -317,6 +318,59 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
     assert_eq!(
         kept.metadata.labels.unwrap().get("x").map(String::as_str),
         Some("1")
+    );
+}
+
+/// The status line's code of `GET path` sent with `Host: host`, over a raw connection.
+async fn status_for_host(server: &Server, host: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"))
+}
+
+/// DNS rebinding: a web page whose own name resolves to 127.0.0.1 sends that name as the
+/// `Host`; the simulator answers loopback names only, and the names it is told.
+#[tokio::test]
+async fn only_loopback_hosts_and_the_allowed_ones_are_answered() {
+    let port = |server: &Server| server.addr().port();
+    let sim = server().await;
+    for (host, want) in [
+        (format!("127.0.0.1:{}", port(&sim)), 200),
+        (format!("localhost:{}", port(&sim)), 200),
+        (format!("[::1]:{}", port(&sim)), 200),
+        (format!("attacker.example:{}", port(&sim)), 403),
+        ("sim.internal".to_owned(), 403),
+    ] {
+        assert_eq!(
+            status_for_host(&sim, &host, "/version").await,
+            want,
+            "{host}"
+        );
+    }
+    assert_eq!(
+        status_for_host(&sim, "attacker.example", "/api/v1/namespaces/airflow/pods").await,
+        403
+    );
+    let told = server_with(SimConfig {
+        allowed_hosts: vec!["sim.internal".into()],
+        ..SimConfig::default()
+    })
+    .await;
+    assert_eq!(
+        status_for_host(&told, "sim.internal:8001", "/version").await,
+        200
+    );
+    assert_eq!(
+        status_for_host(&told, "attacker.example", "/version").await,
+        403
     );
 }
 
