@@ -77,6 +77,28 @@ struct UpdateRow<'a> {
     executor_id: Option<String>,
 }
 
+/// Binds an unbound try to the pod of an applied `running` or `transfer` in the batch, as the
+/// batch's `podstream_ti_pod` write will: later commands of the batch are judged by it.
+fn bind_first_running(row: Option<&mut guard::TiRow>, command: &Command) {
+    let alive = matches!(command.kind, Some(Kind::Running(_) | Kind::Transfer(_)));
+    if let (Some(row), Some(pod), true) = (row, command.pod.as_ref(), alive)
+        && row.recorded_pod.is_none()
+    {
+        row.recorded_pod = Some(pod.name.clone());
+    }
+}
+
+/// Whether `bound`, recorded first, keeps its try's binding against `next`: it ran (or moved)
+/// and `next` names another pod of the same try.
+fn binds_against(bound: &Command, next: &Command) -> bool {
+    let alive = matches!(bound.kind, Some(Kind::Running(_) | Kind::Transfer(_)));
+    let same_try =
+        bound.task.as_ref().map(|t| t.try_number) == next.task.as_ref().map(|t| t.try_number);
+    let same_pod = bound.pod.as_ref().map(|p| (&p.namespace, &p.name))
+        == next.pod.as_ref().map(|p| (&p.namespace, &p.name));
+    alive && same_try && !same_pod
+}
+
 /// A `log` row.
 #[derive(Serialize)]
 struct LogRow<'a> {
@@ -223,6 +245,7 @@ impl Database {
                 Verdict::Invalid(reason) => outcomes[index] = Some(Outcome::Dead(reason)),
                 Verdict::Skip(skip) => outcomes[index] = Some(Outcome::Skipped(skip)),
                 Verdict::Apply(Effect::Record) => {
+                    bind_first_running(rows.get_mut(&key), command);
                     outcomes[index] = Some(Outcome::Applied(Effect::Record))
                 }
                 Verdict::Apply(effect @ (Effect::LaunchFailed | Effect::LeftToExecutor)) => {
@@ -235,6 +258,9 @@ impl Database {
                         round_keys.insert(key.clone());
                         self.run_round(tx, items, std::mem::take(&mut round), &mut outcomes, &now)
                             .await?;
+                    }
+                    if let Effect::Transfer { .. } = effect {
+                        bind_first_running(rows.get_mut(&key), command);
                     }
                     if let Some(row) = rows.get_mut(&key) {
                         match &effect {
@@ -434,8 +460,9 @@ impl Database {
         self.write(conn, &self.sql.log, &rows, now).await
     }
 
-    /// The TI's current pod (the batch's last applied command per TI wins) and duplicate
-    /// pods, for the commands at `indexes` that applied.
+    /// The TI's pod (the batch's last applied command per TI, unless an earlier one of
+    /// another pod of the try ran: the try stays bound to its first pod that ran, here and in
+    /// the statement) and duplicate pods, for the commands at `indexes` that applied.
     async fn record_pods(
         &self,
         conn: &mut AnyConnection,
@@ -450,7 +477,13 @@ impl Database {
                 (items.get(*index), outcomes.get(*index))
                 && let Some(key) = key_of(&item.command)
             {
-                latest.insert(key, *index);
+                let bound_elsewhere = latest
+                    .get(&key)
+                    .and_then(|at| items.get(*at))
+                    .is_some_and(|known| binds_against(&known.command, &item.command));
+                if !bound_elsewhere {
+                    latest.insert(key, *index);
+                }
             }
         }
         let mut chosen: Vec<usize> = latest.into_values().collect();

@@ -107,7 +107,8 @@ pub struct TiRow {
     pub last_transfer: Option<u64>,
     /// `hostname`: where the task process runs; a KubernetesExecutor task's is its pod's name.
     pub hostname: Option<String>,
-    /// The name of the pod podstream recorded for this try (`podstream_ti_pod`).
+    /// The name of the pod podstream recorded for this try (`podstream_ti_pod`): the first
+    /// that ran, while it lives.
     pub recorded_pod: Option<String>,
 }
 
@@ -339,7 +340,11 @@ pub fn verdict(
             let excluded = fail
                 .provider_container_reason()
                 .is_some_and(|r| policy.launch_failure_excluded_reasons.contains(r));
-            if state == "queued" && !excluded {
+            // A queued TI fails at once only from the pod bound to its try (the first that
+            // ran): a copy made while the real pod waits cannot fail it.
+            let pod_name = command.pod.as_ref().map_or("", |pod| pod.name.as_str());
+            let bound = row.recorded_pod.as_deref() == Some(pod_name);
+            if state == "queued" && !(excluded && bound) {
                 return Verdict::Apply(Effect::LaunchFailed);
             }
             let retries_left = row.max_tries > 0 && row.try_number <= row.max_tries;

@@ -181,7 +181,9 @@ impl SetStatements {
                     ("extra", "text"),
                 ]))
             ),
-            // `WHERE true`: SQLite's parser needs it between a SELECT and ON CONFLICT.
+            // `WHERE true`: SQLite's parser needs it between a SELECT and ON CONFLICT. The
+            // row binds the try to its first pod that ran: another pod of the same try (a
+            // copy) replaces it only once that pod has ended.
             ti_pod: format!(
                 "INSERT INTO podstream_ti_pod (dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name, pod_uid, owner, last_command, resource_version, updated_at)
                  SELECT v.dag_id, v.task_id, v.run_id, v.map_index, v.try_number, v.pod_namespace, v.pod_name, v.pod_uid, v.owner, v.last_command, v.resource_version, {now}
@@ -189,7 +191,11 @@ impl SetStatements {
                  ON CONFLICT (dag_id, task_id, run_id, map_index) DO UPDATE SET
                    try_number = excluded.try_number, pod_namespace = excluded.pod_namespace, pod_name = excluded.pod_name,
                    pod_uid = excluded.pod_uid, owner = excluded.owner, last_command = excluded.last_command,
-                   resource_version = excluded.resource_version, updated_at = excluded.updated_at",
+                   resource_version = excluded.resource_version, updated_at = excluded.updated_at
+                 WHERE podstream_ti_pod.try_number <> excluded.try_number
+                   OR podstream_ti_pod.last_command NOT IN ('running', 'transfer')
+                   OR (podstream_ti_pod.pod_namespace = excluded.pod_namespace
+                       AND podstream_ti_pod.pod_name = excluded.pod_name)",
                 rows(&key_and(&[
                     ("try_number", "integer"),
                     ("pod_namespace", "text"),

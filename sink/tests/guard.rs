@@ -49,6 +49,14 @@ fn ti_on_host(hostname: &str, recorded: Option<&str>) -> Option<TiRow> {
     })
 }
 
+/// A queued row (no retries) whose try podstream bound to pod `recorded`.
+fn queued_bound_to(recorded: Option<&str>) -> Option<TiRow> {
+    Some(TiRow {
+        recorded_pod: recorded.map(str::to_owned),
+        ..ti(Some("queued"), 1, 0)?
+    })
+}
+
 /// `command` reported for pod `name`.
 fn from_pod(mut command: Command, name: &str) -> Command {
     command.pod = Some(PodRef {
@@ -141,10 +149,22 @@ fn the_guard_table() {
             Apply(Effect::LaunchFailed),
         ),
         (
-            "fail of a queued TI, container reason Error (excluded)",
-            command(1, fail_of("pod_failed", Some("Error"))),
-            ti(Some("queued"), 1, 0),
+            "fail of a queued TI from the pod bound to its try, container reason Error (excluded)",
+            from_pod(command(1, fail_of("pod_failed", Some("Error"))), "real"),
+            queued_bound_to(Some("real")),
             Apply(FAILED),
+        ),
+        (
+            "fail of a queued TI, reason Error, from a pod not bound to it (a copy): left to the executor",
+            from_pod(command(1, fail_of("pod_failed", Some("Error"))), "copy"),
+            queued_bound_to(Some("real")),
+            Apply(Effect::LaunchFailed),
+        ),
+        (
+            "fail of a queued TI, reason Error, no pod bound yet: left to the executor",
+            from_pod(command(1, fail_of("pod_failed", Some("Error"))), "copy"),
+            queued_bound_to(None),
+            Apply(Effect::LaunchFailed),
         ),
         (
             "fail of a queued TI, container reason OOMKilled",
@@ -440,15 +460,18 @@ fn requiring_the_uuid_makes_a_pod_without_one_foreign() {
 /// The excluded reasons are read as Airflow reads its option: comma-separated, each trimmed.
 #[test]
 fn excluded_launch_failure_reasons_are_configurable() {
-    let pull = command(1, fail_of("fatal_pending:ErrImagePull", None));
-    let queued = ti(Some("queued"), 1, 0);
+    let pull = from_pod(
+        command(1, fail_of("fatal_pending:ErrImagePull", None)),
+        "real",
+    );
+    let queued = queued_bound_to(Some("real"));
     let strict = Policy::with_launch_failure_excluded_reasons("Error, ErrImagePull ,");
     assert_eq!(
         verdict(&pull, None, queued.as_ref(), &strict),
         Verdict::Apply(FAILED)
     );
     let none = Policy::with_launch_failure_excluded_reasons("");
-    let error = command(1, fail_of("pod_failed", Some("Error")));
+    let error = from_pod(command(1, fail_of("pod_failed", Some("Error"))), "real");
     assert_eq!(
         verdict(&error, None, queued.as_ref(), &none),
         Verdict::Apply(Effect::LaunchFailed)

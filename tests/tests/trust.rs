@@ -182,6 +182,114 @@ async fn forged_pods_change_nothing_on_airflow_3_postgres() {
     forged_pods_change_nothing(&target, &target.sqlalchemy_url).await;
 }
 
+/// Copies of queued task instances' pods, through `podstream run` (no signatures): one that
+/// succeeds before the real pod exists mutes nothing (the real pod's failure still applies once
+/// the task runs), and a newer Pending copy whose container reason is `Error` fails nothing
+/// while the real pod waits (no pod is bound to the try yet).
+async fn copies_of_queued_pods_mute_and_fail_nothing(target: &AirflowDb) {
+    use podstream_sim::ContainerState;
+    let (sim, dir) = recovery::simulator().await;
+    let nats = NatsServer::start();
+    let db = Database::connect(&target.url).await.unwrap();
+    let queued = |task_id| SeedTi {
+        state: Some("queued"),
+        ..SeedTi::running(task_id, 1)
+    };
+    db.seed(DAG, RUN, &[queued("early"), queued("window")])
+        .await
+        .unwrap();
+    let run = Component::run(
+        &nats.url(),
+        &target.url,
+        &dir.path().join("kubeconfig"),
+        &[],
+    );
+    let cluster = sim.cluster();
+    let pod = |name: &str, task_id: &str, created: &str| {
+        let mut pod = WorkerPod::new(name, "1", DAG, task_id, RUN).to_json();
+        pod["metadata"]["creationTimestamp"] = created.into();
+        pod
+    };
+    let state = |task_id: &'static str| {
+        let db = db.clone();
+        async move {
+            db.task_instance(&key(task_id))
+                .await
+                .unwrap()
+                .unwrap()
+                .state
+        }
+    };
+
+    // The window: the real pod waits; a newer copy stays Pending, its first container unable
+    // to pull and another ended with `Error` (the reason Airflow's default excludes).
+    cluster
+        .create_pod(pod("window-1", "window", "2026-11-30T10:00:00Z"))
+        .unwrap();
+    cluster
+        .create_pod(pod("window-copy", "window", "2026-11-30T10:01:00Z"))
+        .unwrap();
+    let waiting = ContainerState::Waiting {
+        reason: "ErrImagePull".into(),
+        message: "no such image".into(),
+    };
+    let ended = ContainerState::Terminated {
+        exit_code: 1,
+        reason: "Error".into(),
+        message: String::new(),
+    };
+    cluster
+        .set_container_state(NS, "window-copy", "sidecar", ended)
+        .unwrap();
+    cluster
+        .set_container_state(NS, "window-copy", "base", waiting)
+        .unwrap();
+    let recorded = "SELECT COUNT(*) FROM podstream_applied WHERE outcome = 'launch_failed'";
+    eventually(
+        "the copy's fail recorded",
+        Duration::from_secs(60),
+        || async { (count(&db, recorded).await >= 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(state("window").await, "queued", "a copy failed a queued TI");
+
+    // Copy first: it succeeds before the real pod exists; then the real pod runs (the task
+    // starts, as Airflow records it) and fails.
+    cluster
+        .create_pod(pod("early-copy", "early", "2026-11-30T10:00:00Z"))
+        .unwrap();
+    cluster.set_phase(NS, "early-copy", "Succeeded").unwrap();
+    cluster
+        .create_pod(pod("early-1", "early", "2026-11-30T10:02:00Z"))
+        .unwrap();
+    cluster.set_phase(NS, "early-1", "Running").unwrap();
+    sqlx::query(
+        "UPDATE task_instance SET state = 'running', hostname = 'early-1' WHERE task_id = 'early'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    fail(cluster, "early-1");
+    eventually(
+        "the real pod's failure",
+        Duration::from_secs(60),
+        || async { (state("early").await == "up_for_retry").then_some(()) },
+    )
+    .await;
+    assert_eq!(state("window").await, "queued");
+    assert!(run.terminate().success(), "run exits 0 on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_of_queued_pods_mute_and_fail_nothing_on_airflow_2() {
+    copies_of_queued_pods_mute_and_fail_nothing(&AirflowDb::sqlite(Airflow::line("2.10"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_of_queued_pods_mute_and_fail_nothing_on_airflow_3() {
+    copies_of_queued_pods_mute_and_fail_nothing(&AirflowDb::sqlite(Airflow::line("3.1"))).await;
+}
+
 /// A pod whose dag_id is past Airflow's limit, and pods whose annotations are 200 KB: the first
 /// is a dead letter with its reason (and without its spec), the stages stay ready, and the
 /// other task instances are decided.

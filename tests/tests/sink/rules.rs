@@ -97,8 +97,9 @@ async fn every_rule_on_every_airflow_on_postgres() {
 
 /// A pod that fails while its TI is still `queued` failed before the task process started:
 /// the sink records `launch_failed` and leaves the TI to the executor's relaunch, unless the
-/// container's reason is excluded (`Error` by default, as in Airflow). A running TI fails as
-/// ever. On Airflow 3, a pod naming a TI UUID moves only the TI with that id; on Airflow 2, a
+/// container's reason is excluded (`Error` by default, as in Airflow) and the pod is the one
+/// bound to the try (the first that ran): a copy cannot fail a queued TI. A running TI fails
+/// as ever. On Airflow 3, a pod naming a TI UUID moves only the TI with that id; on Airflow 2, a
 /// pod naming one moves nothing.
 async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, name: &str) {
     let (target, db) = prepared(airflow, postgres, name).await;
@@ -113,6 +114,7 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
     let seeded = [
         ti("queued_deleted", "queued", 0),
         ti("queued_error", "queued", 0),
+        ti("queued_error_bound", "queued", 0),
         ti("queued_pull", "queued", 1),
         ti("queued_pull_excluded", "queued", 0),
         ti("running_deleted", "running", 1),
@@ -148,6 +150,21 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
             command(
                 "l2",
                 at("queued_error"),
+                fail_with("pod_failed", Some("Error")),
+            ),
+            Outcome::Applied(Effect::LaunchFailed),
+            "queued",
+        ),
+        (
+            command("l2r", at("queued_error_bound"), Kind::Running(Running {})),
+            Outcome::Applied(Effect::Record),
+            // As the rows read after the batch: the fail below moved it.
+            "failed",
+        ),
+        (
+            command(
+                "l2b",
+                at("queued_error_bound"),
                 fail_with("pod_failed", Some("Error")),
             ),
             Outcome::Applied(FAILED),
@@ -206,14 +223,15 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
     let strict = Database::connect(&target.url).await.unwrap().with_policy(
         Policy::with_launch_failure_excluded_reasons(" Error, ErrImagePull "),
     );
+    let ran = command("l8r", at("queued_pull_excluded"), Kind::Running(Running {}));
     let pull = command(
         "l8",
         at("queued_pull_excluded"),
         fail_with("fatal_pending:ErrImagePull", None),
     );
     assert_eq!(
-        strict.apply_batch(&items(vec![pull])).await.unwrap(),
-        vec![Outcome::Applied(FAILED)],
+        strict.apply_batch(&items(vec![ran, pull])).await.unwrap(),
+        vec![Outcome::Applied(Effect::Record), Outcome::Applied(FAILED)],
         "{name}"
     );
     drop(strict);
@@ -229,7 +247,7 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
     )
     .await;
     assert_eq!(
-        launch_logs, 2,
+        launch_logs, 3,
         "{name}: each launch failure in Airflow's log"
     );
     let extra: String = sqlx::query(
@@ -248,7 +266,7 @@ async fn pre_execution_failures_and_ti_uuids(airflow: Airflow, postgres: bool, n
         "SELECT CAST(COUNT(*) AS BIGINT) FROM podstream_applied WHERE outcome = 'launch_failed'",
     )
     .await;
-    assert_eq!(recorded, 2, "{name}: recorded in podstream_applied");
+    assert_eq!(recorded, 3, "{name}: recorded in podstream_applied");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
