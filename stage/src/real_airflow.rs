@@ -23,6 +23,13 @@ use crate::{free_port, kubectl, podstream_binary, workspace_root};
 const DATABASE: &str = "airflow";
 /// The key the stage's schedulers sign worker pods with (a test key, in the stage's dir).
 const SIGNING_KEY: &str = "podstream-stage-pod-signing-key-0123456789abcdef\n";
+
+/// The signing of the stage's schedulers: what a pod the stage makes in a scheduler's place
+/// carries.
+pub fn pod_signing() -> podstream_proto::signature::PodSigning {
+    podstream_proto::signature::PodSigning::new([SIGNING_KEY])
+        .unwrap_or_else(|e| panic!("the stage's signing key: {e}"))
+}
 /// Its file's name in the stage's dir.
 const SIGNING_KEY_FILE: &str = "pod-signing-key";
 

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
+use podstream_proto::signature::SIGNATURE_ANNOTATION;
+use podstream_proto::{PodRef, TaskKey};
+
 use crate::airflow::Airflow;
 use crate::real_airflow::{Dags, Executor, Kubernetes, RealAirflow};
 
@@ -654,7 +657,39 @@ fn duplicate(pod: &Value) -> Value {
     }
     copy["spec"]["containers"][0]["command"] = json!(["sh", "-c", "sleep 3; exit 1"]);
     copy["spec"]["containers"][0]["args"] = json!([]);
+    // Seed 003's second pod is a scheduler's own (a relaunch): signed as the executor signs,
+    // for its own name. A forged copy renamed later keeps a signature that no longer fits.
+    if copy["metadata"]["annotations"][SIGNATURE_ANNOTATION].is_string() {
+        let signature = signature_for(&copy);
+        copy["metadata"]["annotations"][SIGNATURE_ANNOTATION] = json!(signature);
+    }
     copy
+}
+
+/// The signature the stage's executor would give `pod`, by its namespace, name and TI
+/// annotations.
+fn signature_for(pod: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let annotations = &pod["metadata"]["annotations"];
+    let number = |v: &Value, absent: i64| {
+        v.as_str()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(absent)
+    };
+    let pod_ref = PodRef {
+        namespace: text(&pod["metadata"]["namespace"]),
+        name: text(&pod["metadata"]["name"]),
+        uid: String::new(),
+    };
+    let task = TaskKey {
+        dag_id: text(&annotations["dag_id"]),
+        task_id: text(&annotations["task_id"]),
+        run_id: text(&annotations["run_id"]),
+        map_index: number(&annotations["map_index"], -1),
+        try_number: number(&annotations["try_number"], 0),
+        ..TaskKey::default()
+    };
+    crate::real_airflow::pod_signing().sign(&pod_ref, &task)
 }
 
 /// Seconds from the moment the story task's first pod ended (`Failed`, `Succeeded` or
