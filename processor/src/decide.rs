@@ -120,7 +120,7 @@ pub fn decide_identified<'e>(
     // unsigned pod is never a candidate, so it is never chosen and never settles a try.
     if matches!(
         outcome,
-        Outcome::Ignored(Ignored::Unsigned | Ignored::Revoked | Ignored::ExecutorDone)
+        Outcome::Ignored(Ignored::Unsigned(_) | Ignored::Revoked | Ignored::ExecutorDone)
     ) {
         return Decision::Applied(Applied {
             outcome,

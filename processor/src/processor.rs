@@ -83,9 +83,8 @@ impl<S: StateStore> Processor<S> {
                 warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
                     "pod in a phase the rules do not know; no task state change");
             }
-            Outcome::Ignored(Ignored::Unsigned) => {
-                let reason = self.rules.unsigned(event).map_or("", |r| r.name());
-                warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason,
+            Outcome::Ignored(Ignored::Unsigned(reason)) => {
+                warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason = reason.name(),
                     "pod without a valid signature: foreign, it drives nothing");
             }
             _ => {}

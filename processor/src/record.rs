@@ -136,13 +136,28 @@ impl TaskRecord {
         event: &PodEvent,
         sequence: u64,
     ) -> Result<Vec<Command>, EventError> {
+        self.apply_noting(rules, event, sequence)
+            .map(|(commands, _)| commands)
+    }
+
+    /// [`TaskRecord::apply`], handing back the event's outcome too (`None` when the event
+    /// changed nothing), for a shell that reports on it.
+    pub fn apply_noting(
+        &mut self,
+        rules: &Rules,
+        event: &PodEvent,
+        sequence: u64,
+    ) -> Result<(Vec<Command>, Option<Outcome>), EventError> {
         let (pod, key) = identity(event)?;
         Ok(match self.decide(rules, event, pod, key, sequence) {
-            Recorded::Stale => Vec::new(),
-            Recorded::Applied { commands, .. } => commands
-                .into_iter()
-                .map(TaskCommand::into_command)
-                .collect(),
+            Recorded::Stale => (Vec::new(), None),
+            Recorded::Applied { commands, outcome } => (
+                commands
+                    .into_iter()
+                    .map(TaskCommand::into_command)
+                    .collect(),
+                Some(outcome),
+            ),
         })
     }
 

@@ -59,11 +59,6 @@ impl Rules {
         }
     }
 
-    /// Whether pods must be signed.
-    pub fn requires_signatures(&self) -> bool {
-        self.signing.is_some()
-    }
-
     /// Why `event`'s pod is foreign for want of a valid signature; `None` when it is signed
     /// or signatures are not required. An event without a pod or key cannot be signed.
     pub fn unsigned(&self, event: &PodEvent) -> Option<Unsigned> {
@@ -121,8 +116,8 @@ impl Rules {
     /// assert!(matches!(rules.outcome(&pending), Outcome::Fail(_)));
     /// ```
     pub fn outcome(&self, event: &PodEvent) -> Outcome {
-        if self.unsigned(event).is_some() {
-            return Outcome::Ignored(Ignored::Unsigned);
+        if let Some(reason) = self.unsigned(event) {
+            return Outcome::Ignored(Ignored::Unsigned(reason));
         }
         if event.revoked {
             return Outcome::Ignored(Ignored::Revoked);
@@ -252,8 +247,8 @@ pub enum Ignored {
     /// Row 10: a phase the rules do not know (`Unknown`, absent).
     UnknownPhase,
     /// Row 0, with `--require-signed-pods`: the pod carries no valid signature, so no
-    /// executor launched it.
-    Unsigned,
+    /// executor launched it; why.
+    Unsigned(Unsigned),
 }
 
 fn exit_summary(terminated: &[ContainerTerminated]) -> String {

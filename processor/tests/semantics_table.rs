@@ -23,7 +23,7 @@ fn word(outcome: &Outcome) -> String {
         Outcome::Ignored(Ignored::ExecutorDone) => "nothing:done".into(),
         Outcome::Ignored(Ignored::LeftSelector) => "nothing:left_selector".into(),
         Outcome::Ignored(Ignored::UnknownPhase) => "nothing:unknown_phase".into(),
-        Outcome::Ignored(Ignored::Unsigned) => "nothing:unsigned".into(),
+        Outcome::Ignored(Ignored::Unsigned(_)) => "nothing:unsigned".into(),
     }
 }
 

@@ -46,7 +46,7 @@ pub enum KeyError {
 }
 
 /// Why a pod's signature does not vouch for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error, serde::Serialize, serde::Deserialize)]
 pub enum Unsigned {
     /// The pod carries no signature annotation.
     #[error("no `{SIGNATURE_ANNOTATION}` annotation")]

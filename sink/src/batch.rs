@@ -77,11 +77,16 @@ struct UpdateRow<'a> {
     executor_id: Option<String>,
 }
 
+/// Whether `command` says its pod lives on (`running`, `transfer`): what binds a try to it,
+/// as `podstream_ti_pod`'s `last_command` does in the statement.
+fn keeps_pod_alive(command: &Command) -> bool {
+    matches!(command.kind, Some(Kind::Running(_) | Kind::Transfer(_)))
+}
+
 /// Binds an unbound try to the pod of an applied `running` or `transfer` in the batch, as the
 /// batch's `podstream_ti_pod` write will: later commands of the batch are judged by it.
 fn bind_first_running(row: Option<&mut guard::TiRow>, command: &Command) {
-    let alive = matches!(command.kind, Some(Kind::Running(_) | Kind::Transfer(_)));
-    if let (Some(row), Some(pod), true) = (row, command.pod.as_ref(), alive)
+    if let (Some(row), Some(pod), true) = (row, command.pod.as_ref(), keeps_pod_alive(command))
         && row.recorded_pod.is_none()
     {
         row.recorded_pod = Some(pod.name.clone());
@@ -91,7 +96,7 @@ fn bind_first_running(row: Option<&mut guard::TiRow>, command: &Command) {
 /// Whether `bound`, recorded first, keeps its try's binding against `next`: it ran (or moved)
 /// and `next` names another pod of the same try.
 fn binds_against(bound: &Command, next: &Command) -> bool {
-    let alive = matches!(bound.kind, Some(Kind::Running(_) | Kind::Transfer(_)));
+    let alive = keeps_pod_alive(bound);
     let same_try =
         bound.task.as_ref().map(|t| t.try_number) == next.task.as_ref().map(|t| t.try_number);
     let same_pod = bound.pod.as_ref().map(|p| (&p.namespace, &p.name))

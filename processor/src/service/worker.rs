@@ -9,6 +9,7 @@ use bytes::Bytes;
 use podstream_bus::in_flight::{Held, InFlight};
 use podstream_bus::{Backoff, Condition, Health};
 use podstream_proto::PodEvent;
+use podstream_proto::signature::Unsigned;
 use podstream_proto::subject::Subjects;
 use podstream_proto::v1::Command;
 use prost::Message as _;
@@ -18,7 +19,7 @@ use super::consume::ack;
 use crate::decide::identity;
 use crate::record::TaskRecord;
 use crate::record_cache::{Cached, RecordCache};
-use crate::rules::Rules;
+use crate::rules::{Ignored, Outcome, Rules};
 use crate::stats::ProcessStats;
 
 /// A pod event taken off the consumer.
@@ -40,6 +41,25 @@ pub(super) struct Worker {
     pub subjects: Subjects,
     pub rules: Rules,
     pub health: Health,
+}
+
+/// What deciding a group did, once its record was written.
+#[derive(Default)]
+struct Decided {
+    /// Commands published.
+    commands: u64,
+    /// The group's events (by index) decided foreign for want of a valid signature, and why.
+    unsigned: Vec<(usize, Unsigned)>,
+}
+
+/// Counts and logs a decided event whose pod is foreign for want of a valid signature.
+fn report_unsigned(event: &PodEvent, reason: Unsigned) {
+    metrics::counter!(podstream_bus::metrics::PROCESSOR_UNSIGNED_EVENTS, "reason" => reason.name())
+        .increment(1);
+    if let Ok((pod, task)) = identity(event) {
+        warn!(pod = %pod, uid = %pod.uid, ti = %task, owner = %event.owner, %reason,
+            "pod without a valid signature: foreign, it drives nothing");
+    }
 }
 
 /// Why deciding an event must be retried.
@@ -64,12 +84,16 @@ impl Worker {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         loop {
             match self.decide(&key, &group, &mut known, &mut stats).await {
-                Ok(commands) => {
+                Ok(Decided { commands, unsigned }) => {
                     stats.decided += group.len() as u64;
                     stats.commands += commands;
                     for delivery in &group {
                         ack(&delivery.message).await;
-                        self.count_unsigned(&delivery.event);
+                    }
+                    for (at, reason) in unsigned {
+                        if let Some(delivery) = group.get(at) {
+                            report_unsigned(&delivery.event, reason);
+                        }
                     }
                     metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
                         .increment(group.len() as u64);
@@ -95,16 +119,16 @@ impl Worker {
 
     /// Decides the group's events in order (and any earlier undecided event of their pods),
     /// writes the record once with compare-and-set, then publishes the commands. Returns how
-    /// many were published.
+    /// many were published, and which of the group's events were decided unsigned.
     async fn decide(
         &self,
         key: &str,
         group: &[Delivery],
         known: &mut Option<Known>,
         stats: &mut ProcessStats,
-    ) -> Result<u64, Retry> {
+    ) -> Result<Decided, Retry> {
         let Some(first) = group.first() else {
-            return Ok(0);
+            return Ok(Decided::default());
         };
         loop {
             let (mut record, revision, fresh) = match known.take() {
@@ -125,8 +149,9 @@ impl Worker {
                 self.publish(&record.outbox).await?;
             }
             let mut commands = Vec::new();
+            let mut unsigned = Vec::new();
             let mut changed = false;
-            for delivery in group {
+            for (at, delivery) in group.iter().enumerate() {
                 let uid = identity(&delivery.event)
                     .map(|(pod, _)| pod.uid.as_str())
                     .unwrap_or_default();
@@ -153,14 +178,17 @@ impl Worker {
                         commands.extend(more);
                     }
                 }
-                let more = record
-                    .apply(&self.rules, &delivery.event, delivery.sequence)
+                let (more, outcome) = record
+                    .apply_noting(&self.rules, &delivery.event, delivery.sequence)
                     .unwrap_or_default();
+                if let Some(Outcome::Ignored(Ignored::Unsigned(reason))) = outcome {
+                    unsigned.push((at, reason));
+                }
                 commands.extend(more);
             }
             if !changed {
                 *known = Some(Known::Cached(Cached { record, revision }));
-                return Ok(0);
+                return Ok(Decided::default());
             }
             record.outbox = commands.clone();
             let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
@@ -169,7 +197,10 @@ impl Worker {
                     stats.writes += 1;
                     self.publish(&commands).await?;
                     *known = Some(Known::Cached(Cached { record, revision }));
-                    return Ok(commands.len() as u64);
+                    return Ok(Decided {
+                        commands: commands.len() as u64,
+                        unsigned,
+                    });
                 }
                 Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     debug!(ti = %key, "task record changed meanwhile; deciding again");
@@ -177,19 +208,6 @@ impl Worker {
                 }
                 Err(error) => return Err(Retry::Store(error.to_string())),
             }
-        }
-    }
-
-    /// Counts and logs a decided event whose pod is foreign for want of a valid signature.
-    fn count_unsigned(&self, event: &PodEvent) {
-        let Some(reason) = self.rules.unsigned(event) else {
-            return;
-        };
-        metrics::counter!(podstream_bus::metrics::PROCESSOR_UNSIGNED_EVENTS, "reason" => reason.name())
-            .increment(1);
-        if let Ok((pod, task)) = identity(event) {
-            warn!(pod = %pod, uid = %pod.uid, ti = %task, owner = %event.owner, %reason,
-                "pod without a valid signature: foreign, it drives nothing");
         }
     }
 
