@@ -11,6 +11,8 @@
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
 //! - [`in_flight`]: the messages a stage holds unacked, kept from redelivery with progress
 //!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
+//! - [`history`]: a stream's stored messages read in order by batched direct gets, with no
+//!   consumer, for `replay` and other read-only users.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
 //! - [`health`]: the readiness conditions a component declares and flips.
@@ -21,6 +23,7 @@ pub mod config;
 pub mod connect;
 pub mod dead;
 pub mod health;
+pub mod history;
 pub mod in_flight;
 pub mod local_server;
 pub mod metrics;

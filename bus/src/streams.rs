@@ -80,6 +80,8 @@ pub fn stream_config(subjects: &Subjects, stream: Stream, settings: &StreamSetti
             })),
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
+            // Read-only users (replay, other subscribers) read by direct gets, with no consumer.
+            allow_direct: true,
             ..Default::default()
         },
         given: settings.clone(),
@@ -320,6 +322,10 @@ async fn reconcile(
     {
         changes.push(format!("replicas {} -> {replicas}", current.num_replicas));
         updated.num_replicas = replicas;
+    }
+    if wanted.allow_direct && !current.allow_direct {
+        changes.push("allow_direct false -> true".to_owned());
+        updated.allow_direct = true;
     }
     if changes.is_empty() {
         return Ok(current.clone());

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use async_nats::jetstream;
 use clap::Args;
-use futures::StreamExt;
 use podstream_bus::BusConfig;
 use podstream_bus::local_server::{LocalServer, find_binary, free_port};
 use podstream_ingest::service::IngestConfig;
@@ -420,19 +419,16 @@ async fn read_commands(
     let Ok(mut stream) = js.get_stream(subjects.stream_name(Stream::Commands)).await else {
         return Ok(Vec::new());
     };
-    let total = stream.info().await?.state.messages;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
-        .await?;
-    let mut messages = consumer.messages().await?;
+    let state = stream.info().await?.state.clone();
+    let mut history = podstream_bus::history::History::new(
+        &js.client(),
+        &subjects.stream_name(Stream::Commands),
+        podstream_bus::history::Start::Sequence(state.first_sequence),
+        state.last_sequence,
+    );
     let mut commands = Vec::new();
-    for _ in 0..total {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await
-        else {
-            break;
-        };
-        let message = message?;
-        if !podstream_bus::role::is_left_notice(message.headers.as_ref()) {
+    while let Some(message) = history.next().await? {
+        if !podstream_bus::role::is_left_notice(Some(&message.headers)) {
             commands.push(Command::decode(message.payload.as_ref())?);
         }
     }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use crate::stream_args::{NatsArgs, PrefixArgs};
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use async_nats::jetstream;
 use clap::Args;
-use futures::StreamExt;
+use podstream_bus::history::{self, Start};
 use podstream_processor::{MemoryStore, Processor};
 use podstream_proto::subject::{ROLE_HEADER, Role, Stream, Subjects};
 use podstream_proto::{Command, PodEvent, TaskKey};
@@ -343,16 +343,14 @@ impl History {
             (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
         };
         let mut pods = match pods_start {
-            Some((policy, _)) => Reader::open(js, &pods_name, "pods", policy, until).await?,
+            Some((start, _)) => Reader::open(js, &pods_name, "pods", start, until).await?,
             None => Reader::Empty,
         };
         let mut commands = Reader::open(
             js,
             &commands_name,
             "commands",
-            DeliverPolicy::ByStartTime {
-                start_time: since_time,
-            },
+            Start::Time(since_time),
             until.map(|u| match u {
                 // A pod-event sequence says nothing about command sequences: stop at its time.
                 Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
@@ -396,34 +394,26 @@ async fn start_policy(
     js: &jetstream::Context,
     stream: &str,
     since: Position,
-) -> anyhow::Result<Option<(DeliverPolicy, OffsetDateTime)>> {
+) -> anyhow::Result<Option<(Start, OffsetDateTime)>> {
     let Ok(stream) = js.get_stream(stream).await else {
         return Ok(None);
     };
     match since {
-        Position::Time(time) => Ok(Some((
-            DeliverPolicy::ByStartTime { start_time: time },
-            time,
-        ))),
+        Position::Time(time) => Ok(Some((Start::Time(time), time))),
         Position::Sequence(sequence) => {
             let first = stream
                 .get_first_raw_message_by_subject(">", sequence.max(1))
                 .await;
             match first {
-                Ok(message) => Ok(Some((
-                    DeliverPolicy::ByStartSequence {
-                        start_sequence: message.sequence,
-                    },
-                    message.time,
-                ))),
+                Ok(message) => Ok(Some((Start::Sequence(message.sequence), message.time))),
                 Err(_) => Ok(None),
             }
         }
     }
 }
 
-/// One stream read in order with an ordered consumer, from a start to `until` (or its end at
-/// start), one message at a time, with a progress bar on stderr.
+/// One stream read in order by direct gets (no consumer: the reader user may create none),
+/// from a start to `until` (or its end at start), with a progress bar on stderr.
 enum Reader {
     /// The stream does not exist or holds nothing.
     Empty,
@@ -433,10 +423,8 @@ enum Reader {
 
 /// A stream being read.
 struct Reading {
-    name: String,
     label: &'static str,
-    messages: jetstream::consumer::pull::Ordered,
-    last: u64,
+    messages: history::History,
     until: Option<Position>,
     progress: indicatif::ProgressBar,
     ended: bool,
@@ -447,7 +435,7 @@ impl Reader {
         js: &jetstream::Context,
         name: &str,
         label: &'static str,
-        policy: DeliverPolicy,
+        start: Start,
         until: Option<Position>,
     ) -> anyhow::Result<Reader> {
         let Ok(mut stream) = js.get_stream(name).await else {
@@ -471,19 +459,10 @@ impl Reader {
             indicatif::ProgressDrawTarget::stderr(),
         )
         .with_message(label);
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                deliver_policy: policy,
-                ..OrderedConfig::default()
-            })
-            .await
-            .with_context(|| format!("reading {name}"))?;
-        let messages = consumer.messages().await.context("reading")?;
+        let messages = history::History::new(&js.client(), name, start, last);
         Ok(Reader::Reading(Box::new(Reading {
-            name: name.to_owned(),
             label,
             messages,
-            last,
             until,
             progress,
             ended: false,
@@ -496,10 +475,8 @@ impl Reader {
             return Ok(None);
         };
         let Reading {
-            name,
             label,
             messages,
-            last,
             until,
             progress,
             ended,
@@ -507,23 +484,16 @@ impl Reader {
         if *ended {
             return Ok(None);
         }
-        let next = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
-        // No message for 2 s: we are at the end (or past --until's time).
-        let Ok(Some(message)) = next else {
+        let Some(message) = messages.next().await? else {
             *ended = true;
             return Ok(None);
         };
-        let message = message.with_context(|| format!("reading {name}"))?;
-        let info = message.info().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (sequence, time, pending) = (info.stream_sequence, info.published, info.pending);
-        if sequence > *last || matches!(until, Some(Position::Time(until)) if time > *until) {
+        let (sequence, time) = (message.sequence, message.time);
+        if matches!(until, Some(Position::Time(until)) if time > *until) {
             *ended = true;
             return Ok(None);
         }
         progress.inc(1);
-        if sequence >= *last || pending == 0 {
-            *ended = true;
-        }
         Ok(Some(Entry {
             stream: label,
             sequence,
@@ -531,10 +501,9 @@ impl Reader {
             subject: message.subject.to_string(),
             role: message
                 .headers
-                .as_ref()
-                .and_then(|h| h.get(ROLE_HEADER))
+                .get(ROLE_HEADER)
                 .map(|v| v.as_str().to_owned()),
-            payload: message.payload.clone(),
+            payload: message.payload,
         }))
     }
 

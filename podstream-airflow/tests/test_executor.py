@@ -338,7 +338,7 @@ async def _consumer_names(url: str) -> list:
     return sorted(info.name for info in infos)
 
 
-async def _declare_sink(url: str, task_failures: str):
+async def _declare_sink(url: str, task_failures: str, name: str = "podstream-sink"):
     import nats
     from nats.js.api import ConsumerConfig
 
@@ -346,7 +346,7 @@ async def _declare_sink(url: str, task_failures: str):
     await client.jetstream().add_consumer(
         STREAM,
         ConsumerConfig(
-            durable_name="podstream-sink",
+            durable_name=name,
             filter_subject="podstream.commands.>",
             metadata={"podstream.task_failures": task_failures},
         ),
@@ -365,6 +365,19 @@ def test_beside_a_sink_that_fails_tasks_the_executor_refuses(world):
         with pytest.raises(PodstreamConflict, match="podstream-sink"):
             executor.sync()
         assert run(_consumer_names(world.url)) == ["podstream-sink"], "a refused executor declares nothing"
+    finally:
+        executor.end()
+
+
+def test_only_the_sinks_own_consumer_can_make_the_executor_refuse(world):
+    """Any user allowed a consumer could write the metadata; only the sink's user may make
+    the sink's consumer (deploy/nats/podstream-users.conf)."""
+    run(_declare_sink(world.url, "sink", name="podstream-airflow-99"))
+    executor = started_executor()
+    try:
+        wait_for(executor.podstream.connected.is_set, what="the consumer")
+        assert executor.podstream.refusal is None
+        executor.sync()
     finally:
         executor.end()
 

@@ -14,6 +14,9 @@ fn demo(args: &[&str]) -> std::process::Output {
         .arg("demo")
         .args(args)
         .env("PODSTREAM_NATS_SERVER", nats_server_binary())
+        // The demo stops as soon as every story has settled; the deadline only bounds a
+        // wrong run, and this binary shares two cores with real Airflow schedulers.
+        .env("PODSTREAM_DEMO_TIMEOUT_SECONDS", "300")
         .env(
             "PODSTREAM_DEMO_AIRFLOW_DB",
             workspace_root().join("target/airflow-db/airflow-2.10.sqlite"),

@@ -406,9 +406,8 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             format!("podstream-{user}"),
             format!("{user}-{PASSWORD}"),
         )
-        // The inbox each client really uses: the Spark operator's is the executor package's.
+        // The inbox each client really uses.
         .custom_inbox_prefix(match user {
-            "spark" => "_INBOX_podstream-airflow".to_owned(),
             "reader" => "_INBOX_podstream-tail".to_owned(),
             user => format!("_INBOX_podstream-{user}"),
         })
@@ -471,6 +470,32 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             "pull the sink's commands",
         ),
         ("reader", "podstream.commands.1.forged", "publish a command"),
+        // The 5-token form takes the consumer's name from the body: {"name":"podstream-sink"}.
+        (
+            "reader",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_COMMANDS",
+            "create a consumer named in the body",
+        ),
+        (
+            "reader",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_PODS",
+            "create a consumer named in the body",
+        ),
+        (
+            "reader",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_PODS.podstream-process.podstream.pods.>",
+            "redefine the processor's consumer",
+        ),
+        (
+            "reader",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-airflow-1",
+            "pull a scheduler's commands",
+        ),
+        (
+            "airflow",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_COMMANDS",
+            "create a consumer named in the body",
+        ),
         ("ingest", "podstream.commands.1.forged", "publish a command"),
         (
             "ingest",
@@ -516,6 +541,37 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             assert!(
                 Instant::now() < deadline,
                 "podstream-{user} may {what} ({subject}):\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Nobody reads another user's replies: a pull's answer carries the messages and the
+    // subjects that ack them.
+    let foreign_inboxes = [
+        ("spark", "_INBOX_podstream-airflow.>"),
+        ("airflow", "_INBOX_podstream-spark.>"),
+        ("airflow", "_INBOX_podstream-sink.>"),
+        ("reader", "_INBOX_podstream-process.>"),
+        ("ingest", "_INBOX_podstream-airflow.>"),
+    ];
+    for (user, inbox) in foreign_inboxes {
+        let client = connect(user).await;
+        let _subscription = client.subscribe(inbox).await.unwrap();
+        client.flush().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let refused = nats.log().lines().any(|line| {
+                line.contains("Subscription Violation")
+                    && line.contains(&format!("podstream-{user}"))
+                    && line.contains(inbox)
+            });
+            if refused {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "podstream-{user} may read {inbox}:\n{}",
+                nats.log()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -259,3 +259,69 @@ async fn components_opening_one_bucket_at_once_all_get_it() {
         }
     }
 }
+
+#[tokio::test]
+async fn history_reads_every_message_in_order_across_batches_gaps_and_bounds() {
+    use podstream_bus::history::{BATCH, History, Start};
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client.clone());
+    // A stream made before podstream asked for direct gets gets them on its next start.
+    let mut old = streams::stream_config(
+        &Subjects::default(),
+        Stream::Commands,
+        &StreamSettings::default(),
+    )
+    .config;
+    old.allow_direct = false;
+    js.create_stream(old).await.unwrap();
+    assert!(
+        commands_stream(&js, &StreamSettings::default())
+            .await
+            .allow_direct
+    );
+
+    let total = (BATCH * 2 + 17) as u64;
+    for n in 1..=total {
+        js.publish(
+            format!("podstream.commands.1.uid-{n}"),
+            n.to_string().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let stream = js.get_stream(stream_names::COMMANDS).await.unwrap();
+    for gap in [3, BATCH as u64, BATCH as u64 + 1] {
+        stream.delete_message(gap).await.unwrap();
+    }
+    let read = async |start: Start, last: u64| -> Vec<u64> {
+        let mut history = History::new(&client, stream_names::COMMANDS, start, last);
+        let mut sequences = Vec::new();
+        while let Some(message) = history.next().await.unwrap() {
+            assert_eq!(
+                message.payload.as_ref(),
+                message.sequence.to_string().as_bytes()
+            );
+            sequences.push(message.sequence);
+        }
+        sequences
+    };
+    let expected = |from: u64, to: u64| -> Vec<u64> {
+        (from..=to)
+            .filter(|n| ![3, BATCH as u64, BATCH as u64 + 1].contains(n))
+            .collect()
+    };
+    assert_eq!(read(Start::Sequence(1), total).await, expected(1, total));
+    assert_eq!(read(Start::Sequence(2), 300).await, expected(2, 300));
+    assert_eq!(
+        read(Start::Sequence(total + 1), total + 5).await,
+        Vec::<u64>::new()
+    );
+    // By time: from the first message's time on, all of them; from now on, none.
+    let first = stream.direct_get(1).await.unwrap().time;
+    assert_eq!(read(Start::Time(first), total).await, expected(1, total));
+    let later = time::OffsetDateTime::now_utc() + Duration::from_secs(60);
+    assert_eq!(read(Start::Time(later), total).await, Vec::<u64>::new());
+}

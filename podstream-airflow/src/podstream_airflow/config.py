@@ -5,6 +5,7 @@
 | ``url`` | ``nats://127.0.0.1:4222`` | NATS server(s), comma-separated; ``tls://`` requires TLS |
 | ``subject_prefix`` | ``podstream`` | first token of podstream's subjects (``podstream --prefix``) |
 | ``consumer`` | ``podstream-airflow-<job id>`` | durable consumer name (one per scheduler job) |
+| ``sink_consumer`` | ``podstream-sink`` | the sink's consumer (``podstream sink --consumer``), whose metadata says who fails task instances |
 | ``creds_file`` | | NATS credentials file (JWT and nkey seed) |
 | ``nkey_file`` | | nkey seed file |
 | ``user``, ``password_file`` | | user and a file holding the password |
@@ -28,6 +29,8 @@ from podstream_airflow.wire import DEFAULT_PREFIX
 SECTION = "podstream"
 #: podstream's Spark bucket unless configured otherwise (``podstream process --spark-bucket``).
 DEFAULT_SPARK_BUCKET = "podstream-spark"
+#: The sink's consumer unless configured otherwise (``podstream sink --consumer``).
+DEFAULT_SINK_CONSUMER = "podstream-sink"
 #: The NATS server unless configured otherwise.
 DEFAULT_URL = "nats://127.0.0.1:4222"
 #: How long NATS waits for a command to be taken unless configured otherwise.
@@ -56,6 +59,12 @@ OPTIONS = (
     Option("url", "NATS server(s), comma-separated; tls:// requires TLS.", DEFAULT_URL),
     Option("subject_prefix", "First token of podstream's subjects (podstream --prefix).", DEFAULT_PREFIX),
     Option("consumer", "Durable consumer name; podstream-airflow-<scheduler job id> when unset."),
+    Option(
+        "sink_consumer",
+        "The sink's durable consumer (podstream sink --consumer): the one consumer whose "
+        "metadata says who fails task instances.",
+        DEFAULT_SINK_CONSUMER,
+    ),
     Option("creds_file", "NATS credentials file (JWT and nkey seed)."),
     Option("nkey_file", "NATS nkey seed file."),
     Option("user", "NATS user."),
@@ -83,6 +92,9 @@ OPTIONS = (
 )
 #: The subject prefix of the replies the executor's NATS connection receives.
 INBOX_PREFIX = "_INBOX_podstream-airflow"
+#: The subject prefix of the replies PodstreamSparkKubernetesOperator's connection receives,
+#: in worker pods: apart from the schedulers', so the users file lets neither read the other's.
+SPARK_INBOX_PREFIX = "_INBOX_podstream-spark"
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class PodstreamConfig:
     servers: tuple = field(repr=False)
     subject_prefix: str
     consumer: str
+    sink_consumer: str = DEFAULT_SINK_CONSUMER
     creds_file: Optional[str] = None
     nkey_file: Optional[str] = None
     user: Optional[str] = None
@@ -126,6 +139,7 @@ class PodstreamConfig:
             servers=servers,
             subject_prefix=prefix,
             consumer=value("consumer") or f"podstream-airflow-{scheduler_job_id}",
+            sink_consumer=value("sink_consumer") or DEFAULT_SINK_CONSUMER,
             creds_file=value("creds_file"),
             nkey_file=value("nkey_file"),
             user=value("user"),
@@ -150,12 +164,11 @@ class PodstreamConfig:
         """The servers with any credentials in a URL replaced, for logs."""
         return ",".join(_redacted(s) for s in self.servers)
 
-    def connect_options(self) -> dict:
+    def connect_options(self, inbox_prefix: str = INBOX_PREFIX) -> dict:
         """Keyword arguments for ``nats.connect``: credentials are read from their files here,
-        never logged."""
-        # Replies on an inbox of its own, so a server may let this user read only those
-        # (deploy/nats/podstream-users.conf).
-        options: dict[str, Any] = {"servers": list(self.servers), "inbox_prefix": INBOX_PREFIX}
+        never logged. Replies come on ``inbox_prefix``, so a server may let each user read
+        only its own (deploy/nats/podstream-users.conf)."""
+        options: dict[str, Any] = {"servers": list(self.servers), "inbox_prefix": inbox_prefix}
         if self.creds_file:
             options["user_credentials"] = self.creds_file
         if self.nkey_file:

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 INBOX_LIMIT = 1000
 #: Commands per fetch.
 FETCH_BATCH = 100
-#: The consumer metadata key in which every consumer of podstream's commands that acts on
-#: failures says who fails task instances (podstream's sink writes ``sink`` or ``executor``).
+#: The consumer metadata key in which podstream's sink says who fails task instances
+#: (``sink`` or ``executor``); executors write ``executor`` in their own.
 TASK_FAILURES_METADATA = "podstream.task_failures"
 #: An executor's consumer outlives its scheduler job by this much, then NATS removes it.
 INACTIVE_THRESHOLD_SECONDS = 24 * 3600.0
@@ -186,17 +186,21 @@ class CommandConsumer:
         self.connected.clear()
 
     async def _second_failure_owner(self, js: Any) -> Optional[str]:
-        """Why this executor must not act: a consumer of the same stream that says the sink
-        fails task instances (a failure would be applied twice)."""
+        """Why this executor must not act: the sink's consumer says the sink fails task
+        instances (a failure would be applied twice). Only the sink's consumer is asked: only
+        the sink's user may write it, where any user allowed a consumer could write another."""
         stream = await js.find_stream_name_by_subject(self.subject)
-        for info in await js.consumers_info(stream):
-            theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
-            if info.name != self.config.consumer and theirs not in (None, "executor"):
-                return (
-                    f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
-                    "and this PodstreamKubernetesExecutor fails task instances itself: a failure "
-                    "would be applied twice. Run podstream's sink with --task-failures executor."
-                )
+        try:
+            info = await js.consumer_info(stream, self.config.sink_consumer)
+        except nats.js.errors.NotFoundError:
+            return None
+        theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
+        if theirs not in (None, "executor"):
+            return (
+                f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
+                "and this PodstreamKubernetesExecutor fails task instances itself: a failure "
+                "would be applied twice. Run podstream's sink with --task-failures executor."
+            )
         return None
 
     async def _fetch(self, subscription: Any) -> None:

@@ -21,7 +21,7 @@ import nats
 import nats.js.errors
 from airflow.providers.cncf.kubernetes.operators.spark_kubernetes import SparkKubernetesOperator
 
-from podstream_airflow.config import PodstreamConfig
+from podstream_airflow.config import SPARK_INBOX_PREFIX, PodstreamConfig
 from podstream_airflow.wire import encode_key_token
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def chosen_driver(config: PodstreamConfig, key: str) -> Optional[dict]:
             connect_timeout=2,
             allow_reconnect=False,
             max_reconnect_attempts=1,
-            **config.connect_options(),
+            **config.connect_options(SPARK_INBOX_PREFIX),
         )
         try:
             bucket = await client.jetstream().key_value(config.spark_bucket)
