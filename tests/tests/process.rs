@@ -503,3 +503,69 @@ async fn a_task_instances_waiting_events_are_decided_with_one_record_write() {
         "the bucket's writes against the processor's count"
     );
 }
+
+/// A task record the server would refuse for its size is never retried (the lane would stall
+/// for ever): the events that would grow it are dead-lettered with the reason, and other
+/// task instances go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_too_large_for_the_server_is_dead_lettered_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("nats-server.conf");
+    // 16 KiB of it stay free for headers: records of 4 KiB at most.
+    std::fs::write(&config, "max_payload: 20480\n").unwrap();
+    let nats = NatsServer::start_with_config(&config, &[]);
+    let mut feed = Feed::new(&nats.url()).await;
+    let copies: Vec<PodEvent> = (0..80)
+        .map(|n| {
+            bus::pod_event(
+                "crowded",
+                &format!("crowded-copy-{n:03}-with-a-long-name-as-operators-make"),
+                "1",
+                100 + n,
+                Phase::Running,
+            )
+        })
+        .collect();
+    feed.publish(copies).await;
+    let processor = start(&nats.url(), &[], 8);
+    bus::settle(
+        &feed.js,
+        DEAD,
+        1,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
+    feed.publish(vec![event("fine", "1", 1000, Phase::Running)])
+        .await;
+    let got = bus::settle(
+        &feed.js,
+        COMMANDS,
+        1,
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stats = processor.stop().await;
+    let commands = commands(&bus::read_all(&feed.js, COMMANDS).await);
+    assert!(got >= 1);
+    assert!(
+        commands.iter().any(|(_, c)| uid(c) == "uid-fine"),
+        "the other TI was decided"
+    );
+    let dead = bus::read_all(&feed.js, DEAD).await;
+    assert!(!dead.is_empty());
+    assert_eq!(stats.dead_lettered, dead.len() as u64);
+    for letter in &dead {
+        let reason = letter.header(podstream_bus::dead::REASON_HEADER).unwrap();
+        assert!(reason.contains("task record would be"), "{reason}");
+        assert!(
+            letter
+                .pod_event()
+                .pod
+                .unwrap()
+                .name
+                .starts_with("crowded-copy-")
+        );
+    }
+}

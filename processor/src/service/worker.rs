@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
+use podstream_bus::dead::{self, DeadLetter};
 use podstream_bus::in_flight::{Held, InFlight};
 use podstream_bus::{Backoff, Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::signature::Unsigned;
-use podstream_proto::subject::Subjects;
+use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::Command;
 use prost::Message as _;
 use tracing::{debug, warn};
@@ -73,6 +74,11 @@ enum Retry {
     Lookup(String),
     #[error("publishing commands: {0}")]
     Publish(String),
+    /// Never retried: the server's `max_payload` does not change under a running stage.
+    #[error(
+        "the task record would be {size} bytes, more than the server takes ({limit} bytes with room for headers)"
+    )]
+    RecordTooLarge { size: usize, limit: usize },
 }
 
 impl Worker {
@@ -98,6 +104,24 @@ impl Worker {
                     metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
                         .increment(group.len() as u64);
                     self.health.set(Condition::ConsumerBound, true);
+                    break;
+                }
+                Err(error @ Retry::RecordTooLarge { .. }) => {
+                    // Retrying would fail the same way and hold the TI's lane for ever.
+                    let reason = error.to_string();
+                    for delivery in &group {
+                        warn!(ti = %key, sequence = delivery.sequence, %reason, "pod event dead-lettered");
+                        let letter = DeadLetter::of_message(
+                            &self.subjects,
+                            Stage::Processor,
+                            &delivery.message,
+                            reason.clone(),
+                        );
+                        dead::store(&self.js, &letter).await;
+                        ack(&delivery.message).await;
+                    }
+                    stats.dead_lettered += group.len() as u64;
+                    known = None;
                     break;
                 }
                 Err(error) => {
@@ -192,6 +216,13 @@ impl Worker {
             }
             record.outbox = commands.clone();
             let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
+            let limit = (self.js.client().server_info().max_payload).saturating_sub(dead::HEADROOM);
+            if bytes.len() > limit {
+                return Err(Retry::RecordTooLarge {
+                    size: bytes.len(),
+                    limit,
+                });
+            }
             match self.records.update(key, Bytes::from(bytes), revision).await {
                 Ok(revision) => {
                     stats.writes += 1;
