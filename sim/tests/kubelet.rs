@@ -369,3 +369,41 @@ async fn a_kubelet_behind_the_retained_history_still_runs_every_pod() {
         until(&node, name, |p| phase(p) == "Succeeded").await;
     }
 }
+
+/// The kubelet's directory holds the pods' programs and logs: made for this user alone, and
+/// one that others may write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_directory_is_this_users_alone() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sim = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh/kubelet");
+    let kubelet = Kubelet::start(
+        sim.cluster().clone(),
+        KubeletConfig {
+            root: fresh.clone(),
+            max_pods: None,
+        },
+    )
+    .unwrap();
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    drop(kubelet);
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = Kubelet::start(
+        sim.cluster().clone(),
+        KubeletConfig {
+            root: open.clone(),
+            max_pods: None,
+        },
+    )
+    .err()
+    .expect("a directory others may write is refused");
+    assert!(
+        refused.to_string().contains("writable by no one else"),
+        "{refused}"
+    );
+}

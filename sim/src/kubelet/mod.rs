@@ -43,10 +43,27 @@ pub const NODE_NAME: &str = "podstream-sim-node";
 /// The node's address, and every pod's.
 const NODE_IP: &str = "127.0.0.1";
 
-/// The kubelet's directory, made and resolved.
+/// The kubelet's directory, made for this user alone (0700) and resolved. An existing one
+/// must be this user's and closed to others' writes: pods' programs, logs and working
+/// directories live there, and a directory another user prepared could swap them.
 fn prepare(config: &KubeletConfig) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(&config.root)
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&config.root)
         .with_context(|| format!("creating the kubelet's directory {}", config.root.display()))?;
+    let found = std::fs::metadata(&config.root)
+        .with_context(|| format!("reading {}", config.root.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if found.uid() != me || found.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "the kubelet's directory {} belongs to uid {} with mode {:o}: it must be this user's (uid {me}) and writable by no one else",
+            config.root.display(),
+            found.uid(),
+            found.mode() & 0o7777
+        );
+    }
     config
         .root
         .canonicalize()
