@@ -393,15 +393,15 @@ async fn the_kubelet_directory_is_this_users_alone() {
     let open = dir.path().join("open");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let refused = Kubelet::start(
+    let Err(refused) = Kubelet::start(
         sim.cluster().clone(),
         KubeletConfig {
             root: open.clone(),
             max_pods: None,
         },
-    )
-    .err()
-    .expect("a directory others may write is refused");
+    ) else {
+        panic!("a directory others may write is refused");
+    };
     assert!(
         refused.to_string().contains("writable by no one else"),
         "{refused}"
