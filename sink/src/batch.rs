@@ -89,7 +89,7 @@ fn bind_first_running(row: Option<&mut guard::TiRow>, command: &Command) {
     if let (Some(row), Some(pod), true) = (row, command.pod.as_ref(), keeps_pod_alive(command))
         && row.recorded_pod.is_none()
     {
-        row.recorded_pod = Some(pod.name.clone());
+        row.recorded_pod = Some(guard::RecordedPod::of(pod));
     }
 }
 
@@ -341,7 +341,15 @@ impl Database {
                     id: row.try_get::<Option<String>, _>(7)?.map(ti_id_from_db),
                     last_transfer: None,
                     hostname: row.try_get::<Option<String>, _>(8)?,
-                    recorded_pod: row.try_get::<Option<String>, _>(9)?,
+                    recorded_pod: match (
+                        row.try_get::<Option<String>, _>(9)?,
+                        row.try_get::<Option<String>, _>(10)?,
+                    ) {
+                        (Some(namespace), Some(name)) => {
+                            Some(guard::RecordedPod { namespace, name })
+                        }
+                        _ => None,
+                    },
                 },
             );
         }

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use podstream_proto::Command;
 use podstream_proto::v1::command::Kind;
+use podstream_proto::{Command, PodRef};
 
 /// States a TI can be adopted from: only these move.
 pub const ADOPTABLE: [&str; 3] = ["queued", "running", "restarting"];
@@ -107,9 +107,34 @@ pub struct TiRow {
     pub last_transfer: Option<u64>,
     /// `hostname`: where the task process runs; a KubernetesExecutor task's is its pod's name.
     pub hostname: Option<String>,
-    /// The name of the pod podstream recorded for this try (`podstream_ti_pod`): the first
-    /// that ran, while it lives.
-    pub recorded_pod: Option<String>,
+    /// The pod podstream recorded for this try (`podstream_ti_pod`): the first that ran,
+    /// while it lives.
+    pub recorded_pod: Option<RecordedPod>,
+}
+
+/// A pod by namespace and name, as `podstream_ti_pod` records a try's pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedPod {
+    /// `pod_namespace`.
+    pub namespace: String,
+    /// `pod_name`.
+    pub name: String,
+}
+
+impl RecordedPod {
+    /// The record of `pod`.
+    pub fn of(pod: &PodRef) -> RecordedPod {
+        RecordedPod {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+        }
+    }
+
+    /// Whether `pod` is this one: same namespace and name (a pod of the same name in another
+    /// namespace is another pod).
+    pub fn is(&self, pod: Option<&PodRef>) -> bool {
+        pod.is_some_and(|pod| pod.namespace == self.namespace && pod.name == self.name)
+    }
 }
 
 impl TiRow {
@@ -129,10 +154,10 @@ impl TiRow {
 
     /// The pod the running task lives in, when podstream knows it: the TI is `running` and its
     /// `hostname` names the pod podstream recorded for the try.
-    fn bound_pod(&self) -> Option<&str> {
+    fn bound_pod(&self) -> Option<&RecordedPod> {
         let hostname = self.hostname.as_deref().filter(|h| !h.is_empty())?;
-        (self.state.as_deref() == Some("running") && self.recorded_pod.as_deref() == Some(hostname))
-            .then_some(hostname)
+        let recorded = self.recorded_pod.as_ref()?;
+        (self.state.as_deref() == Some("running") && recorded.name == hostname).then_some(recorded)
     }
 }
 
@@ -163,8 +188,10 @@ pub fn is_foreign(command: &Command, row: &TiRow, require_task_instance_id: bool
         Some(id) => claimed != id,
         None => !claimed.is_empty(),
     };
-    let pod_name = command.pod.as_ref().map_or("", |pod| pod.name.as_str());
-    uuid_mismatch || row.bound_pod().is_some_and(|bound| bound != pod_name)
+    uuid_mismatch
+        || row
+            .bound_pod()
+            .is_some_and(|bound| !bound.is(command.pod.as_ref()))
 }
 
 /// Why a command leaves the TI alone.
@@ -342,8 +369,10 @@ pub fn verdict(
                 .is_some_and(|r| policy.launch_failure_excluded_reasons.contains(r));
             // A queued TI fails at once only from the pod bound to its try (the first that
             // ran): a copy made while the real pod waits cannot fail it.
-            let pod_name = command.pod.as_ref().map_or("", |pod| pod.name.as_str());
-            let bound = row.recorded_pod.as_deref() == Some(pod_name);
+            let bound = row
+                .recorded_pod
+                .as_ref()
+                .is_some_and(|recorded| recorded.is(command.pod.as_ref()));
             if state == "queued" && !(excluded && bound) {
                 return Verdict::Apply(Effect::LaunchFailed);
             }

@@ -8,7 +8,7 @@ use podstream_proto::v1::{
 };
 use podstream_proto::{Command, TaskKey};
 use podstream_sink::guard::{
-    Effect, FailState, Policy, Skip, TaskFailures, TiRow, Verdict, verdict,
+    Effect, FailState, Policy, RecordedPod, Skip, TaskFailures, TiRow, Verdict, verdict,
 };
 
 const UP_FOR_RETRY: Effect = Effect::Fail {
@@ -44,7 +44,7 @@ fn ti(state: Option<&str>, try_number: i64, max_tries: i64) -> Option<TiRow> {
 fn ti_on_host(hostname: &str, recorded: Option<&str>) -> Option<TiRow> {
     Some(TiRow {
         hostname: Some(hostname.to_owned()),
-        recorded_pod: recorded.map(str::to_owned),
+        recorded_pod: recorded.map(in_airflow),
         ..ti(Some("running"), 1, 1)?
     })
 }
@@ -52,9 +52,26 @@ fn ti_on_host(hostname: &str, recorded: Option<&str>) -> Option<TiRow> {
 /// A queued row (no retries) whose try podstream bound to pod `recorded`.
 fn queued_bound_to(recorded: Option<&str>) -> Option<TiRow> {
     Some(TiRow {
-        recorded_pod: recorded.map(str::to_owned),
+        recorded_pod: recorded.map(in_airflow),
         ..ti(Some("queued"), 1, 0)?
     })
+}
+
+/// Pod `name` of namespace `airflow`, as `podstream_ti_pod` records it.
+fn in_airflow(name: &str) -> RecordedPod {
+    RecordedPod {
+        namespace: "airflow".into(),
+        name: name.into(),
+    }
+}
+
+/// `command` reported for pod `name` of another namespace.
+fn from_other_namespace(command: Command, name: &str) -> Command {
+    let mut command = from_pod(command, name);
+    if let Some(pod) = command.pod.as_mut() {
+        pod.namespace = "team-b".into();
+    }
+    command
 }
 
 /// `command` reported for pod `name`.
@@ -161,6 +178,12 @@ fn the_guard_table() {
             Apply(Effect::LaunchFailed),
         ),
         (
+            "fail of a queued TI, reason Error, from a pod of the bound name in another namespace: left to the executor",
+            from_other_namespace(command(1, fail_of("pod_failed", Some("Error"))), "real"),
+            queued_bound_to(Some("real")),
+            Apply(Effect::LaunchFailed),
+        ),
+        (
             "fail of a queued TI, reason Error, no pod bound yet: left to the executor",
             from_pod(command(1, fail_of("pod_failed", Some("Error"))), "copy"),
             queued_bound_to(None),
@@ -223,6 +246,12 @@ fn the_guard_table() {
         (
             "fail of another pod while the task runs in the recorded one",
             from_pod(command(1, fail()), "load-forged"),
+            ti_on_host("load-1", Some("load-1")),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "fail of a pod of the recorded name in another namespace while the task runs",
+            from_other_namespace(command(1, fail()), "load-1"),
             ti_on_host("load-1", Some("load-1")),
             S(Skip::ForeignPod),
         ),
