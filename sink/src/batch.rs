@@ -83,6 +83,12 @@ fn keeps_pod_alive(command: &Command) -> bool {
     matches!(command.kind, Some(Kind::Running(_) | Kind::Transfer(_)))
 }
 
+/// Whether a recorded `last_command` says its pod lives on: [`keeps_pod_alive`]'s kinds, by
+/// the names `podstream_ti_pod` stores (and its statement's `WHERE` lists).
+fn names_a_live_pod(last_command: &str) -> bool {
+    matches!(last_command, "running" | "transfer")
+}
+
 /// Binds an unbound try to the pod of an applied `running` or `transfer` in the batch, as the
 /// batch's `podstream_ti_pod` write will: later commands of the batch are judged by it.
 fn bind_first_running(row: Option<&mut guard::TiRow>, command: &Command) {
@@ -344,10 +350,13 @@ impl Database {
                     recorded_pod: match (
                         row.try_get::<Option<String>, _>(9)?,
                         row.try_get::<Option<String>, _>(10)?,
+                        row.try_get::<Option<String>, _>(11)?,
                     ) {
-                        (Some(namespace), Some(name)) => {
-                            Some(guard::RecordedPod { namespace, name })
-                        }
+                        (Some(namespace), Some(name), last_command) => Some(guard::RecordedPod {
+                            namespace,
+                            name,
+                            alive: last_command.as_deref().is_some_and(names_a_live_pod),
+                        }),
                         _ => None,
                     },
                 },
@@ -641,5 +650,35 @@ fn log_entry(command: &Command, effect: &Effect) -> Option<(&'static str, serde_
             serde_json::json!({ "from": transfer.from, "to": transfer.to, "command_id": command.id }),
         )),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podstream_proto::v1::{Completed, Duplicate, Fail, Lost, Running, Transfer};
+
+    #[test]
+    fn a_recorded_name_lives_exactly_when_its_kind_keeps_the_pod_alive() {
+        let kinds = [
+            Kind::Fail(Fail::default()),
+            Kind::Completed(Completed::default()),
+            Kind::Running(Running::default()),
+            Kind::Lost(Lost::default()),
+            Kind::Transfer(Transfer::default()),
+            Kind::Duplicate(Duplicate::default()),
+        ];
+        for kind in kinds {
+            let command = Command {
+                kind: Some(kind.clone()),
+                ..Command::default()
+            };
+            assert_eq!(
+                names_a_live_pod(kind.name()),
+                keeps_pod_alive(&command),
+                "{}",
+                kind.name()
+            );
+        }
     }
 }

@@ -119,14 +119,18 @@ pub struct RecordedPod {
     pub namespace: String,
     /// `pod_name`.
     pub name: String,
+    /// Whether it lives on (`last_command` is `running` or `transfer`): the try stays bound
+    /// to it until it ends.
+    pub alive: bool,
 }
 
 impl RecordedPod {
-    /// The record of `pod`.
+    /// The record of `pod`, alive.
     pub fn of(pod: &PodRef) -> RecordedPod {
         RecordedPod {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
+            alive: true,
         }
     }
 
@@ -384,6 +388,16 @@ pub fn verdict(
                     FailState::Failed
                 },
             })
+        }
+        // The owner moves with the try's bound pod only: another pod of the try, relabelled
+        // while the bound one lives, moves nothing.
+        Kind::Transfer(_)
+            if row
+                .recorded_pod
+                .as_ref()
+                .is_some_and(|bound| bound.alive && !bound.is(command.pod.as_ref())) =>
+        {
+            Verdict::Skip(Skip::ForeignPod)
         }
         Kind::Transfer(transfer) => match transfer.to.parse::<i64>() {
             Ok(_)

@@ -128,7 +128,7 @@ impl SetStatements {
             ti_rows: format!(
                 "SELECT t.dag_id, t.task_id, t.run_id, CAST(t.map_index AS BIGINT), t.state,
                         CAST(t.try_number AS BIGINT), CAST(t.max_tries AS BIGINT), {ti_id},
-                        t.hostname, p.pod_namespace, p.pod_name
+                        t.hostname, p.pod_namespace, p.pod_name, p.last_command
                  FROM {} JOIN task_instance t ON t.dag_id = v.dag_id AND t.task_id = v.task_id
                    AND t.run_id = v.run_id AND t.map_index = v.map_index
                  LEFT JOIN podstream_ti_pod p ON p.dag_id = t.dag_id AND p.task_id = t.task_id

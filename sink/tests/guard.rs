@@ -62,7 +62,19 @@ fn in_airflow(name: &str) -> RecordedPod {
     RecordedPod {
         namespace: "airflow".into(),
         name: name.into(),
+        alive: true,
     }
+}
+
+/// A queued row whose try was bound to pod `recorded`, which has ended.
+fn queued_after_bound_pod_ended(recorded: &str) -> Option<TiRow> {
+    Some(TiRow {
+        recorded_pod: Some(RecordedPod {
+            alive: false,
+            ..in_airflow(recorded)
+        }),
+        ..ti(Some("queued"), 1, 0)?
+    })
 }
 
 /// `command` reported for pod `name` of another namespace.
@@ -254,6 +266,24 @@ fn the_guard_table() {
             from_other_namespace(command(1, fail()), "load-1"),
             ti_on_host("load-1", Some("load-1")),
             S(Skip::ForeignPod),
+        ),
+        (
+            "transfer of another pod while the queued try's bound pod lives",
+            from_pod(command(1, transfer("1", "7")), "copy"),
+            queued_bound_to(Some("real")),
+            S(Skip::ForeignPod),
+        ),
+        (
+            "transfer of the queued try's bound pod",
+            from_pod(command(1, transfer("1", "7")), "real"),
+            queued_bound_to(Some("real")),
+            Apply(Effect::Transfer { job_id: 7 }),
+        ),
+        (
+            "transfer of another pod once the bound pod ended (a relaunch)",
+            from_pod(command(1, transfer("1", "7")), "relaunch"),
+            queued_after_bound_pod_ended("real"),
+            Apply(Effect::Transfer { job_id: 7 }),
         ),
         (
             "transfer of another pod while the task runs in the recorded one",
