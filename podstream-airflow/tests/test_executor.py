@@ -369,21 +369,18 @@ def test_beside_a_sink_that_fails_tasks_the_executor_refuses(world):
         executor.end()
 
 
-def test_only_the_sinks_own_consumer_can_make_the_executor_refuse(world):
-    """Any user allowed a consumer could write the metadata; only the sink's user may make
-    the sink's consumer (deploy/nats/podstream-users.conf)."""
-    run(_declare_sink(world.url, "sink", name="podstream-airflow-99"))
-    executor = started_executor()
-    try:
-        wait_for(executor.podstream.connected.is_set, what="the consumer")
-        assert executor.podstream.refusal is None
-        executor.sync()
-    finally:
-        executor.end()
-
-
-def test_beside_a_sink_that_leaves_fails_to_executors_it_runs(world, make_command):
-    run(_declare_sink(world.url, "executor"))
+@pytest.mark.parametrize(
+    ("task_failures", "consumer"),
+    [
+        # The sink leaves failures to the executors.
+        ("executor", "podstream-sink"),
+        # Any user allowed a consumer could write the metadata; only the sink's user may make
+        # the sink's consumer (deploy/nats/podstream-users.conf), and only it is asked.
+        ("sink", "podstream-airflow-99"),
+    ],
+)
+def test_the_executor_runs_unless_the_sinks_own_consumer_takes_failures(world, task_failures, consumer):
+    run(_declare_sink(world.url, task_failures, name=consumer))
     executor = started_executor()
     try:
         wait_for(executor.podstream.connected.is_set, what="the consumer")

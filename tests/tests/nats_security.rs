@@ -527,23 +527,7 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             .await
             .unwrap();
         client.flush().await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let log = nats.log();
-            let refused = log.lines().any(|line| {
-                line.contains("Violation")
-                    && line.contains(&format!("podstream-{user}"))
-                    && line.contains(subject)
-            });
-            if refused {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "podstream-{user} may {what} ({subject}):\n{log}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_refused(&nats, "Violation", user, subject, what).await;
     }
     // Nobody reads another user's replies: a pull's answer carries the messages and the
     // subjects that ack them.
@@ -558,29 +542,35 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
         let client = connect(user).await;
         let _subscription = client.subscribe(inbox).await.unwrap();
         client.flush().await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let refused = nats.log().lines().any(|line| {
-                line.contains("Subscription Violation")
-                    && line.contains(&format!("podstream-{user}"))
-                    && line.contains(inbox)
-            });
-            if refused {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "podstream-{user} may read {inbox}:\n{}",
-                nats.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_refused(&nats, "Subscription Violation", user, inbox, "read replies").await;
     }
     // What they are for still works: the Spark user reads JetStream's account info.
     let spark = async_nats::jetstream::new(connect("spark").await);
     let refused_before = nats.log().matches("Violation").count();
     spark.query_account().await.unwrap();
     assert_eq!(nats.log().matches("Violation").count(), refused_before);
+}
+
+/// Waits until the server's log shows a `violation` of `subject` by `podstream-<user>`;
+/// fails the test after 5 s, saying `podstream-<user>` may `what`.
+async fn until_refused(nats: &NatsServer, violation: &str, user: &str, subject: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = nats.log();
+        let refused = log.lines().any(|line| {
+            line.contains(violation)
+                && line.contains(&format!("podstream-{user}"))
+                && line.contains(subject)
+        });
+        if refused {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "podstream-{user} may {what} ({subject}):\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A JWT as nats-server reads it: `claims` for `subject`, signed by `issuer`.
