@@ -48,7 +48,7 @@ pub struct DemoArgs {
     #[arg(long, env = "PODSTREAM_DEMO_AIRFLOW_VENVS", value_delimiter = ',')]
     pub airflow_venv: Vec<PathBuf>,
     /// Seconds to wait for every story to settle.
-    #[arg(long, env = "PODSTREAM_DEMO_TIMEOUT_SECONDS", default_value_t = 60)]
+    #[arg(long, env = "PODSTREAM_DEMO_TIMEOUT_SECONDS", default_value_t = 180)]
     pub timeout_seconds: u64,
     /// Play the seed stories with real Airflow schedulers instead (PostgreSQL, Airflow's own
     /// components), each with the stock KubernetesExecutor and with podstream-airflow's
