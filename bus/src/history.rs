@@ -104,7 +104,7 @@ impl History {
 
     /// The next message, or `None` past `last` or at the stream's end.
     pub async fn next(&mut self) -> Result<Option<StreamMessage>, HistoryError> {
-        if self.buffer.is_empty() {
+        while self.buffer.is_empty() && self.next.is_some() {
             self.fill().await?;
         }
         Ok(self.buffer.pop_front())
