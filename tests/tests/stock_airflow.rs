@@ -12,7 +12,9 @@
 
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
-use podstream_tests::stories::{SUCCESS_ON_THE_FIRST_TRY, Story, heading, play};
+use podstream_tests::stories::{
+    PLANTED_COPY, SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, play, play_act, story_ti,
+};
 
 /// Plays `story` with the stock executor, prints its timeline, and checks that the run
 /// succeeded (every story's run does, whatever it did to the task's tries).
@@ -153,4 +155,38 @@ fn stock_airflow_3_1_task_succeeds_while_down() {
 #[test]
 fn stock_airflow_3_1_pod_deleted_while_down() {
     ends_as_with_podstream(Airflow::line("3.1"), Story::DeletedWhileDown);
+}
+
+/// Trust, the pair of podstream's story (j): a copy of the task's pod made before the real
+/// one, succeeding at once, mutes stock Airflow 3.1's try. The real pod's failure, which the
+/// watcher reports again at every watch restart, no longer fails it: try 1 stays `running`
+/// until Airflow's task heartbeat timeout (docs/stock-airflow.md, story j). With podstream's
+/// signed pods the same failure fails try 1 within seconds (`podstream_airflow_3_1_copy_first`).
+#[test]
+fn stock_airflow_3_1_copy_first() {
+    let airflow = Airflow::line("3.1");
+    let real = play_act(airflow, Executor::Stock, Story::CopyFirst);
+    let real_pod_failed = |real: &RealAirflow| {
+        real.pods().iter().any(|pod| {
+            pod["metadata"]["annotations"]["task_id"] == "works"
+                && pod["metadata"]["name"] != PLANTED_COPY
+                && pod["status"]["phase"] == "Failed"
+        })
+    };
+    real.wait_until("the real pod to fail", WAIT, real_pod_failed);
+    std::thread::sleep(std::time::Duration::from_secs(30));
+    let ti = story_ti(&real);
+    println!(
+        "{}\n{}",
+        heading(airflow, Executor::Stock, Story::CopyFirst, "muted"),
+        real.timeline()
+    );
+    assert_eq!(
+        ti.as_ref()
+            .map(|(try_number, state, _)| (try_number.as_str(), state.as_str())),
+        Some(("1", "running")),
+        "{}",
+        real.timeline()
+    );
+    assert_eq!(real.markers(), Vec::<String>::new(), "{}", real.timeline());
 }
