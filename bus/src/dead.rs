@@ -10,6 +10,12 @@ pub use podstream_proto::subject::{ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_H
 
 /// Room kept under the server's `max_payload` for the headers and the protocol.
 pub const HEADROOM: usize = 16 * 1024;
+
+/// The largest message body podstream writes on a server that takes `max_payload` bytes
+/// (`ServerInfo::max_payload`): [`HEADROOM`] is kept for headers and the protocol.
+pub fn body_limit(max_payload: usize) -> usize {
+    max_payload.saturating_sub(HEADROOM)
+}
 /// Longest header value kept (a reason quoting a huge value is cut too).
 const MAX_HEADER_VALUE: usize = 4 * 1024;
 
@@ -77,7 +83,7 @@ impl DeadLetter {
         let mut headers = HeaderMap::new();
         headers.insert(REASON_HEADER, header_value(&self.reason).as_str());
         headers.insert(SOURCE_HEADER, header_value(&self.source).as_str());
-        let room = max_payload.saturating_sub(HEADROOM).max(1024);
+        let room = body_limit(max_payload).max(1024);
         let payload = if self.payload.len() > room {
             headers.insert(
                 ORIGINAL_SIZE_HEADER,

@@ -311,11 +311,7 @@ impl Checkpoint {
             dirty: vec![false; SHARDS],
             dirty_list: Vec::new(),
             live_parts: vec![1; SHARDS],
-            part_limit: js
-                .client()
-                .server_info()
-                .max_payload
-                .saturating_sub(podstream_bus::dead::HEADROOM)
+            part_limit: podstream_bus::dead::body_limit(js.client().server_info().max_payload)
                 .max(MIN_PART_LIMIT),
             stale: Vec::new(),
             resume: None,

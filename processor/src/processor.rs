@@ -10,8 +10,9 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use podstream_proto::PodEvent;
+use podstream_proto::signature::Unsigned;
 use podstream_proto::v1::TaskKey;
+use podstream_proto::{PodEvent, PodRef};
 use thiserror::Error;
 use tracing::{debug, warn};
 
@@ -83,10 +84,7 @@ impl<S: StateStore> Processor<S> {
                 warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, phase = ?event.phase(),
                     "pod in a phase the rules do not know; no task state change");
             }
-            Outcome::Ignored(Ignored::Unsigned(reason)) => {
-                warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason = reason.name(),
-                    "pod without a valid signature: foreign, it drives nothing");
-            }
+            Outcome::Ignored(Ignored::Unsigned(reason)) => warn_unsigned(event, pod, key, reason),
             _ => {}
         }
         for command in &commands {
@@ -194,6 +192,12 @@ impl MemoryStore {
 }
 
 /// `key` without the UUID its pod named: the key a record is stored under.
+/// Logs an event whose pod is foreign for want of a valid signature, as every shell does.
+pub(crate) fn warn_unsigned(event: &PodEvent, pod: &PodRef, key: &TaskKey, reason: Unsigned) {
+    warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason = reason.name(),
+        "pod without a valid signature: foreign, it drives nothing");
+}
+
 fn record_key(key: &TaskKey) -> TaskKey {
     TaskKey {
         task_instance_id: String::new(),

@@ -163,11 +163,17 @@ impl Worker {
             },
             Err(error) => format!("not a PodEvent: {error}"),
         };
-        warn!(subject = %message.subject, sequence, %reason, "pod event dead-lettered");
-        let letter = DeadLetter::of_message(&self.subjects, Stage::Processor, &message, reason);
-        dead::store(&self.js, &letter).await;
-        ack(&message).await;
+        self.dead_letter(&message, sequence, reason).await;
         Accepted::Dead
+    }
+
+    /// Stores `message` (stream sequence `sequence`) as the processor's dead letter for
+    /// `reason`, then acks it.
+    pub(super) async fn dead_letter(&self, message: &Held, sequence: u64, reason: String) {
+        warn!(subject = %message.subject, sequence, %reason, "pod event dead-lettered");
+        let letter = DeadLetter::of_message(&self.subjects, Stage::Processor, message, reason);
+        dead::store(&self.js, &letter).await;
+        ack(message).await;
     }
 }
 

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
-use podstream_bus::dead::{self, DeadLetter};
+use podstream_bus::dead;
 use podstream_bus::in_flight::{Held, InFlight};
 use podstream_bus::{Backoff, Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::signature::Unsigned;
-use podstream_proto::subject::{Stage, Subjects};
+use podstream_proto::subject::Subjects;
 use podstream_proto::v1::Command;
 use prost::Message as _;
 use tracing::{debug, warn};
@@ -58,8 +58,7 @@ fn report_unsigned(event: &PodEvent, reason: Unsigned) {
     metrics::counter!(podstream_bus::metrics::PROCESSOR_UNSIGNED_EVENTS, "reason" => reason.name())
         .increment(1);
     if let Ok((pod, task)) = identity(event) {
-        warn!(pod = %pod, uid = %pod.uid, ti = %task, owner = %event.owner, %reason,
-            "pod without a valid signature: foreign, it drives nothing");
+        crate::processor::warn_unsigned(event, pod, task, reason);
     }
 }
 
@@ -109,16 +108,10 @@ impl Worker {
                 Err(error @ Retry::RecordTooLarge { .. }) => {
                     // Retrying would fail the same way and hold the TI's lane for ever.
                     let reason = error.to_string();
+                    warn!(ti = %key, events = group.len(), %reason, "task record too large");
                     for delivery in &group {
-                        warn!(ti = %key, sequence = delivery.sequence, %reason, "pod event dead-lettered");
-                        let letter = DeadLetter::of_message(
-                            &self.subjects,
-                            Stage::Processor,
-                            &delivery.message,
-                            reason.clone(),
-                        );
-                        dead::store(&self.js, &letter).await;
-                        ack(&delivery.message).await;
+                        self.dead_letter(&delivery.message, delivery.sequence, reason.clone())
+                            .await;
                     }
                     stats.dead_lettered += group.len() as u64;
                     known = None;
@@ -216,7 +209,7 @@ impl Worker {
             }
             record.outbox = commands.clone();
             let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
-            let limit = (self.js.client().server_info().max_payload).saturating_sub(dead::HEADROOM);
+            let limit = dead::body_limit(self.js.client().server_info().max_payload);
             if bytes.len() > limit {
                 return Err(Retry::RecordTooLarge {
                     size: bytes.len(),
