@@ -193,7 +193,7 @@ pub fn story_ti(real: &RealAirflow) -> Option<(String, String, String)> {
 }
 
 /// The phase of the story task's pod for try `try_number`, if it is there.
-fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
+pub fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
     real.pods()
         .into_iter()
         .find(|pod| {
@@ -241,14 +241,18 @@ pub fn play_on(
     story: Story,
     kubernetes: Kubernetes,
 ) -> (RealAirflow, String) {
-    match play_once(airflow, executor, story, kubernetes) {
-        Ok(played) => played,
-        Err(broken) => {
-            eprintln!("{broken}\nplaying the story again, once");
-            play_once(airflow, executor, story, kubernetes)
-                .unwrap_or_else(|broken| panic!("{broken}"))
-        }
-    }
+    again_once_if_broken(|| play_once(airflow, executor, story, kubernetes))
+}
+
+/// `play`'s result, or, when its precondition broke, the result of playing it once more.
+///
+/// # Panics
+/// When the second play breaks too.
+fn again_once_if_broken<T>(play: impl Fn() -> Result<T, String>) -> T {
+    play().unwrap_or_else(|broken| {
+        eprintln!("{broken}\nplaying the story again, once");
+        play().unwrap_or_else(|broken| panic!("{broken}"))
+    })
 }
 
 fn play_once(
@@ -268,11 +272,7 @@ fn play_once(
 /// returns the stage at once: for a run that does not end on its own (stock Airflow muted by
 /// [`Story::CopyFirst`]'s copy). A broken precondition is played again once, as in [`play`].
 pub fn play_act(airflow: Airflow, executor: Executor, story: Story) -> RealAirflow {
-    let kubernetes = Kubernetes::Simulated;
-    act_once(airflow, executor, story, kubernetes).unwrap_or_else(|broken| {
-        eprintln!("{broken}\nplaying the story again, once");
-        act_once(airflow, executor, story, kubernetes).unwrap_or_else(|broken| panic!("{broken}"))
-    })
+    again_once_if_broken(|| act_once(airflow, executor, story, Kubernetes::Simulated))
 }
 
 fn act_once(

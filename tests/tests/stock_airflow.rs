@@ -13,7 +13,7 @@
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
 use podstream_tests::stories::{
-    PLANTED_COPY, SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, play, play_act, story_ti,
+    SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, play, play_act, pod_phase, story_ti,
 };
 
 /// Plays `story` with the stock executor, prints its timeline, and checks that the run
@@ -166,14 +166,9 @@ fn stock_airflow_3_1_pod_deleted_while_down() {
 fn stock_airflow_3_1_copy_first() {
     let airflow = Airflow::line("3.1");
     let real = play_act(airflow, Executor::Stock, Story::CopyFirst);
-    let real_pod_failed = |real: &RealAirflow| {
-        real.pods().iter().any(|pod| {
-            pod["metadata"]["annotations"]["task_id"] == "works"
-                && pod["metadata"]["name"] != PLANTED_COPY
-                && pod["status"]["phase"] == "Failed"
-        })
-    };
-    real.wait_until("the real pod to fail", WAIT, real_pod_failed);
+    real.wait_until("the real pod to fail", WAIT, |real| {
+        pod_phase(real, "1").as_deref() == Some("Failed")
+    });
     std::thread::sleep(std::time::Duration::from_secs(30));
     let ti = story_ti(&real);
     println!(
