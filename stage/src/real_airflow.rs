@@ -363,6 +363,22 @@ impl RealAirflow {
         executor: Executor,
         kubernetes: Kubernetes,
     ) -> RealAirflow {
+        let mut real = RealAirflow::set_up_on(airflow, dags, executor, kubernetes);
+        real.start_components();
+        real
+    }
+
+    /// Everything [`RealAirflow::start_on`] starts but Airflow's own components, which
+    /// [`RealAirflow::start_components`] starts: a story can set the database up first.
+    ///
+    /// # Panics
+    /// When anything fails to start: the test cannot go on without it.
+    pub fn set_up_on(
+        airflow: Airflow,
+        dags: Dags,
+        executor: Executor,
+        kubernetes: Kubernetes,
+    ) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pg = PgCluster::start();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
@@ -422,10 +438,23 @@ impl RealAirflow {
         }
         real.start_podstream();
         real.recorder = Some(Recorder::start(&real.kubeconfig));
-        for component in airflow.components() {
-            real.start_component(component);
-        }
         real
+    }
+
+    /// Starts Airflow's components (schedulers, DAG processor, API server) for its line.
+    pub fn start_components(&mut self) {
+        for component in self.airflow.components() {
+            self.start_component(component);
+        }
+    }
+
+    /// Sets `default_pool`'s slots: at 0 a scheduler queues no task (it stays `scheduled`),
+    /// so a story can act before any task's pod exists, however loaded the machine.
+    pub fn set_default_pool_slots(&self, slots: u32) {
+        self.query(&format!(
+            "UPDATE slot_pool SET slots = {slots} WHERE pool = 'default_pool'"
+        ));
+        self.note(format!("default_pool set to {slots} slots"));
     }
 
     fn start_sim(&mut self) {

@@ -281,14 +281,20 @@ fn act_once(
     story: Story,
     kubernetes: Kubernetes,
 ) -> Result<RealAirflow, String> {
-    let mut real = RealAirflow::start_on(airflow, Dags::Story, executor, kubernetes);
-    if story == Story::CopyFirst
-        && let Err(why) = plant_a_copy_that_succeeds(&mut real)
-    {
-        return Err(format!(
-            "{}: {why}",
-            heading(airflow, executor, story, "not played")
-        ));
+    let mut real = RealAirflow::set_up_on(airflow, Dags::Story, executor, kubernetes);
+    if story == Story::CopyFirst {
+        // No task is queued until the copy has ended: the real pod cannot come first.
+        real.set_default_pool_slots(0);
+    }
+    real.start_components();
+    if story == Story::CopyFirst {
+        if let Err(why) = plant_a_copy_that_succeeds(&mut real) {
+            return Err(format!(
+                "{}: {why}",
+                heading(airflow, executor, story, "not played")
+            ));
+        }
+        real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
     }
     // Why the play says nothing of its act, with what the stage shows.
     let says_nothing = |real: &RealAirflow, why: String, when: &str, state: &str| {
@@ -599,6 +605,9 @@ fn first_pod(real: &RealAirflow) -> Option<Value> {
         .into_iter()
         .find(|p| p["metadata"]["annotations"]["task_id"] == "works" && !is_planted_copy(p))
 }
+
+/// `default_pool`'s slots as Airflow's migrations make it.
+const DEFAULT_POOL_SLOTS: u32 = 128;
 
 /// The name of [`Story::CopyFirst`]'s copy.
 pub const PLANTED_COPY: &str = "podstream-story-works-planted-copy";
