@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::airflow::Airflow;
 use crate::postgres::PgCluster;
@@ -73,6 +73,9 @@ pub enum Executor {
 pub enum Kubernetes {
     /// `podstream sim --kubelet`.
     Simulated,
+    /// `podstream sim --kubelet --kubelet-max-pods 1`: one pod runs at a time, the others
+    /// wait Pending (unschedulable) until it ends.
+    SimulatedOnePodAtATime,
     /// A control plane of its own (kube-apiserver and etcd, [`crate::control_plane`]) with
     /// `podstream kubelet` as its node.
     Real,
@@ -433,7 +436,8 @@ impl RealAirflow {
             dir,
         };
         match kubernetes {
-            Kubernetes::Simulated => real.start_sim(),
+            Kubernetes::Simulated => real.start_sim(None),
+            Kubernetes::SimulatedOnePodAtATime => real.start_sim(Some(1)),
             Kubernetes::Real => real.start_control_plane(),
         }
         real.start_podstream();
@@ -457,7 +461,7 @@ impl RealAirflow {
         self.note(format!("default_pool set to {slots} slots"));
     }
 
-    fn start_sim(&mut self) {
+    fn start_sim(&mut self, max_pods: Option<usize>) {
         let log = self.dir.path().join("sim.log");
         let mut command = Command::new(podstream_binary());
         command
@@ -472,6 +476,9 @@ impl RealAirflow {
             .arg("--kubelet-dir")
             .arg(self.dir.path().join("kubelet"))
             .envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(max) = max_pods {
+            command.arg("--kubelet-max-pods").arg(max.to_string());
+        }
         let sim = Service::spawn("podstream sim", command, log);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.kubeconfig.exists() || !sim_ready(&sim.log) {
@@ -686,6 +693,31 @@ impl RealAirflow {
         );
         assert!(ok, "kubectl create {name}: {stderr}");
         self.note(format!("created pod {name}"));
+    }
+
+    /// Writes a pod's status through kubectl (a merge patch of the `status` subresource), as a
+    /// kubelet would.
+    pub fn patch_pod_status(&self, namespace: &str, name: &str, status: &Value) {
+        let patch = json!({ "status": status }).to_string();
+        let (ok, _, stderr) = kubectl(
+            &self.kubeconfig,
+            &[
+                "patch",
+                "pod",
+                "-n",
+                namespace,
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+        );
+        assert!(
+            ok,
+            "kubectl patch pod {name} --subresource=status: {stderr}"
+        );
+        self.note(format!("wrote the status of pod {name}"));
     }
 
     /// Deletes a pod through kubectl (graceful, without waiting for it to go), as a person would.

@@ -5,7 +5,9 @@
 //! the pod (e) dies, (f) succeeds or (g) is deleted before a new scheduler starts, or (h) the
 //! scheduler is killed after its executor took the pod's failure and before its loop committed
 //! it (an outcome must reach the scheduler that adopts the task); and (i) a forged copy of the
-//! task's pod fails (a pod anyone can create must not fail a running task). Played with the stock executor
+//! task's pod fails (a pod anyone can create must not fail a running task); before the task
+//! runs, (j) a copy of its pod succeeds first or (k) a copy fails while its pod waits (a copy
+//! must neither mute nor fail a try). Played with the stock executor
 //! (`tests/tests/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
 //! (`tests/tests/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
 
@@ -58,6 +60,12 @@ pub enum Story {
     /// dies. With podstream's signed pods the copy settles nothing: the real failure fails
     /// try 1 once and try 2 succeeds. Not one of [`Story::ALL`]: it needs signed pods.
     CopyFirst,
+    /// (k) While the task's pod waits Pending for room on the node, a copy of it stays
+    /// Pending too, one container unable to pull its image and another ended with `Error`;
+    /// then the real pod runs. Its act comes before the first try runs. With podstream's
+    /// signed pods the copy fails nothing: try 1 succeeds. Not one of [`Story::ALL`]: it
+    /// needs signed pods.
+    PendingCopy,
 }
 
 impl Story {
@@ -87,6 +95,7 @@ impl Story {
             }
             Story::ForgedPod => "a forged copy of the task's pod fails",
             Story::CopyFirst => "a copy of the task's pod succeeds before the real pod exists",
+            Story::PendingCopy => "a copy of the waiting task's pod fails with reason Error",
         }
     }
 
@@ -106,6 +115,7 @@ impl Story {
                 "trust: a pod anyone in the namespace can create must not fail a running task"
             }
             Story::CopyFirst => "trust: a copy that ends first must not mute the real pod",
+            Story::PendingCopy => "trust: a pod podstream cannot bind must not fail a queued try",
         }
     }
 
@@ -134,6 +144,8 @@ impl Story {
                 tell_the_first_try_to_die(real);
                 Ok(())
             }
+            // Played before the first try runs, by `act_once`.
+            Story::PendingCopy => Ok(()),
         }
     }
 
@@ -281,20 +293,28 @@ fn act_once(
     story: Story,
     kubernetes: Kubernetes,
 ) -> Result<RealAirflow, String> {
+    // (k) needs a node with room for one pod, which a pod of the stage's fills first.
+    let kubernetes = match (story, kubernetes) {
+        (Story::PendingCopy, Kubernetes::Simulated) => Kubernetes::SimulatedOnePodAtATime,
+        _ => kubernetes,
+    };
     let mut real = RealAirflow::set_up_on(airflow, Dags::Story, executor, kubernetes);
-    if story == Story::CopyFirst {
-        // No task is queued until the copy has ended: the real pod cannot come first.
-        real.set_default_pool_slots(0);
-    }
-    real.start_components();
-    if story == Story::CopyFirst {
-        if let Err(why) = plant_a_copy_that_succeeds(&mut real) {
-            return Err(format!(
-                "{}: {why}",
-                heading(airflow, executor, story, "not played")
-            ));
+    let not_played =
+        |why: String| format!("{}: {why}", heading(airflow, executor, story, "not played"));
+    match story {
+        Story::CopyFirst => {
+            // No task is queued until the copy has ended: the real pod cannot come first.
+            real.set_default_pool_slots(0);
+            real.start_components();
+            plant_a_copy_that_succeeds(&mut real).map_err(not_played)?;
+            real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
         }
-        real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
+        Story::PendingCopy => {
+            // The act is over before the first try runs.
+            fail_a_copy_while_the_pod_waits(&mut real).map_err(not_played)?;
+            return Ok(real);
+        }
+        _ => real.start_components(),
     }
     // Why the play says nothing of its act, with what the stage shows.
     let says_nothing = |real: &RealAirflow, why: String, when: &str, state: &str| {
@@ -611,9 +631,14 @@ const DEFAULT_POOL_SLOTS: u32 = 128;
 
 /// The name of [`Story::CopyFirst`]'s copy.
 pub const PLANTED_COPY: &str = "podstream-story-works-planted-copy";
+/// The name of [`Story::PendingCopy`]'s copy.
+pub const PENDING_COPY: &str = "podstream-story-works-pending-copy";
+/// The pod of the stage's that fills [`Story::PendingCopy`]'s node.
+const NODE_FILLER: &str = "podstream-story-node-filler";
 
+/// Whether `pod` is a copy a story made (never the task's own pod).
 fn is_planted_copy(pod: &Value) -> bool {
-    pod["metadata"]["name"] == PLANTED_COPY
+    pod["metadata"]["name"] == PLANTED_COPY || pod["metadata"]["name"] == PENDING_COPY
 }
 
 /// The run `@once` makes of the story DAG: what a copy made in advance can name.
@@ -659,6 +684,82 @@ fn plant_a_copy_that_succeeds(real: &mut RealAirflow) -> Result<(), String> {
         return Err("the task's pod appeared before the copy ended".to_owned());
     }
     real.note("the copy succeeded before the task's pod exists");
+    Ok(())
+}
+
+/// (k) Fills the node (its one pod slot) before any task is queued, waits for the task's pod
+/// to wait Pending, then makes a copy of it (another name, so a signature that does not fit)
+/// that stays Pending on another node with a container unable to pull and another ended with
+/// `Error`. Once podstream (or the stock watcher) has had it, try 1 is told to succeed and the
+/// node is freed.
+fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String> {
+    real.set_default_pool_slots(0);
+    real.start_components();
+    real.create_pod(&json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": NODE_FILLER, "namespace": "airflow"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "filler", "image": "podstream-story", "command": ["sleep", "3600"]}],
+        },
+    }));
+    real.wait_until("the node's one slot to be taken", WAIT, |r| {
+        r.pods()
+            .iter()
+            .any(|p| p["metadata"]["name"] == NODE_FILLER && p["status"]["phase"] == "Running")
+    });
+    real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
+    real.wait_until("the task's pod to wait", WAIT, |r| first_pod(r).is_some());
+    let Some(original) = first_pod(real) else {
+        return Err("the task's pod went away".to_owned());
+    };
+    if original["status"]["phase"] != "Pending" {
+        return Err(format!(
+            "the task's pod is {}, not waiting",
+            original["status"]["phase"]
+        ));
+    }
+    let mut copy = duplicate(&original);
+    // Renamed after `duplicate` signed it: the signature no longer fits, as a copy's cannot.
+    copy["metadata"]["name"] = json!(PENDING_COPY);
+    copy["spec"]["nodeName"] = json!("another-node");
+    let base = copy["spec"]["containers"][0].clone();
+    copy["spec"]["containers"] = json!([base, {
+        "name": "sidecar", "image": "podstream-story", "command": ["sh", "-c", "exit 1"],
+    }]);
+    real.create_pod(&copy);
+    real.patch_pod_status(
+        "airflow",
+        PENDING_COPY,
+        &json!({
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "base", "ready": false, "restartCount": 0, "image": "podstream-story",
+                 "imageID": "", "state": {"waiting": {"reason": "ErrImagePull", "message": "no such image"}}},
+                {"name": "sidecar", "ready": false, "restartCount": 0, "image": "podstream-story",
+                 "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+            ],
+        }),
+    );
+    if real.executor == Executor::Podstream {
+        // One warning for the copy's creation, one for its failed container.
+        real.wait_until("podstream to have the copy's failure", WAIT, |r| {
+            r.podstream_log()
+                .lines()
+                .filter(|l| l.contains("without a valid signature") && l.contains(PENDING_COPY))
+                .count()
+                >= 2
+        });
+    } else {
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    match story_ti(real) {
+        Some((_, state, _)) => real.note(format!("with the copy failed, the task is {state}")),
+        None => real.note("with the copy failed, there is no task instance"),
+    }
+    std::fs::write(real.endings.join("1"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    real.delete_pod("airflow", NODE_FILLER);
     Ok(())
 }
 

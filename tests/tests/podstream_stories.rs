@@ -14,7 +14,7 @@
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
 use podstream_tests::stories::{
-    FORGED_SUFFIX, PLANTED_COPY, STORY_RUN_ID, Story, ended_right, heading, play,
+    FORGED_SUFFIX, PENDING_COPY, PLANTED_COPY, STORY_RUN_ID, Story, ended_right, heading, play,
 };
 
 /// Plays `story` with podstream's executor; it must end right. Returns the stage.
@@ -159,6 +159,27 @@ fn podstream_airflow_3_1_copy_first() {
     assert!(
         log.lines()
             .any(|line| line.contains("without a valid signature") && line.contains(PLANTED_COPY)),
+        "podstream took the copy for a foreign pod:\n{log}"
+    );
+}
+
+// Trust: while the task's pod waits for room on the node, a copy of it that podstream cannot
+// bind (its signature does not fit its name) stays Pending with a container ended `Error`, the
+// reason Airflow's default does not exclude: it fails nothing, and try 1 succeeds once the
+// real pod runs.
+
+#[test]
+fn podstream_airflow_3_1_pending_copy() {
+    let real = with_podstream(Airflow::line("3.1"), Story::PendingCopy);
+    let timeline = real.timeline();
+    assert!(
+        timeline.contains("with the copy failed, the task is queued"),
+        "the task was not queued while the copy failed:\n{timeline}"
+    );
+    let log = real.podstream_log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("without a valid signature") && line.contains(PENDING_COPY)),
         "podstream took the copy for a foreign pod:\n{log}"
     );
 }
