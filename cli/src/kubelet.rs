@@ -23,6 +23,16 @@ pub struct KubeletArgs {
     /// Run the pods of this namespace only [default: of every namespace].
     #[arg(long, env = "PODSTREAM_KUBELET_NAMESPACE")]
     namespace: Option<String>,
+    /// A variable of the kubelet's own environment every pod gets, as an image's ENV would
+    /// give it (repeat, or separate with commas). Pods get PATH, HOME, HOSTNAME and their own
+    /// env besides, nothing else.
+    #[arg(
+        long = "env",
+        value_name = "NAME",
+        env = "PODSTREAM_KUBELET_ENV",
+        value_delimiter = ','
+    )]
+    env: Vec<String>,
     /// kubeconfig context to use instead of the current one.
     #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
     kube_context: Option<String>,
@@ -39,6 +49,7 @@ pub fn run(args: &KubeletArgs) -> anyhow::Result<()> {
         let config = KubeletConfig {
             root,
             max_pods: args.max_pods,
+            passed_env: args.env.clone(),
         };
         let _kubelet = Kubelet::attach(client, args.namespace.clone(), config)?;
         tracing::info!(

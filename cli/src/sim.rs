@@ -67,6 +67,17 @@ pub struct SimArgs {
     /// [default: a fresh directory under the system's temp dir].
     #[arg(long, env = "PODSTREAM_SIM_KUBELET_DIR", requires = "kubelet")]
     kubelet_dir: Option<PathBuf>,
+    /// With --kubelet: a variable of the simulator's own environment every pod gets, as an
+    /// image's ENV would give it (repeat, or separate with commas). Pods get PATH, HOME,
+    /// HOSTNAME and their own env besides, nothing else.
+    #[arg(
+        long = "kubelet-env",
+        value_name = "NAME",
+        env = "PODSTREAM_SIM_KUBELET_ENV",
+        value_delimiter = ',',
+        requires = "kubelet"
+    )]
+    kubelet_env: Vec<String>,
 }
 
 /// Serves until SIGINT or SIGTERM.
@@ -93,6 +104,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             let config = KubeletConfig {
                 root,
                 max_pods: args.kubelet_max_pods,
+                passed_env: args.kubelet_env.clone(),
             };
             Some(Kubelet::start(server.cluster().clone(), config)?)
         } else {

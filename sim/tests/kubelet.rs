@@ -32,6 +32,7 @@ async fn node_with(max_pods: Option<usize>, sim: Server) -> Node {
         KubeletConfig {
             root: dir.path().to_path_buf(),
             max_pods,
+            passed_env: Vec::new(),
         },
     )
     .unwrap();
@@ -383,6 +384,7 @@ async fn the_kubelet_directory_is_this_users_alone() {
         KubeletConfig {
             root: fresh.clone(),
             max_pods: None,
+            passed_env: Vec::new(),
         },
     )
     .unwrap();
@@ -398,6 +400,7 @@ async fn the_kubelet_directory_is_this_users_alone() {
         KubeletConfig {
             root: open.clone(),
             max_pods: None,
+            passed_env: Vec::new(),
         },
     ) else {
         panic!("a directory others may write is refused");

@@ -461,6 +461,13 @@ impl RealAirflow {
         self.note(format!("default_pool set to {slots} slots"));
     }
 
+    /// The names of the stage's environment, comma-separated: what the kubelet passes to the
+    /// worker pods (as a ConfigMap of Airflow's settings would give them).
+    fn pod_env_names(&self) -> String {
+        let names: Vec<&str> = self.env.iter().map(|(name, _)| name.as_str()).collect();
+        names.join(",")
+    }
+
     fn start_sim(&mut self, max_pods: Option<usize>) {
         let log = self.dir.path().join("sim.log");
         let mut command = Command::new(podstream_binary());
@@ -479,6 +486,7 @@ impl RealAirflow {
         if let Some(max) = max_pods {
             command.arg("--kubelet-max-pods").arg(max.to_string());
         }
+        command.arg("--kubelet-env").arg(self.pod_env_names());
         let sim = Service::spawn("podstream sim", command, log);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.kubeconfig.exists() || !sim_ready(&sim.log) {
@@ -504,6 +512,8 @@ impl RealAirflow {
         command
             .args(["kubelet", "--namespace", "airflow", "--dir"])
             .arg(self.dir.path().join("kubelet"))
+            .arg("--env")
+            .arg(self.pod_env_names())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", &self.kubeconfig);
         let kubelet = Service::spawn(
@@ -1003,8 +1013,8 @@ fn sim_ready(log: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Airflow's settings for the tests, as `AIRFLOW__*` variables (the worker pods inherit them
-/// from the simulator, as pods inherit a ConfigMap's): PostgreSQL, the KubernetesExecutor on
+/// Airflow's settings for the tests, as `AIRFLOW__*` variables (the kubelet passes them to the
+/// worker pods by name, as a ConfigMap would give them): PostgreSQL, the KubernetesExecutor on
 /// the simulator, short scheduler intervals, and for 3.x the execution API's address.
 fn environment(
     airflow: Airflow,

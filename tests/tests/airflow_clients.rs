@@ -37,6 +37,7 @@ async fn node() -> Node {
         KubeletConfig {
             root: dir.path().join("kubelet"),
             max_pods: None,
+            passed_env: Vec::new(),
         },
     )
     .unwrap();

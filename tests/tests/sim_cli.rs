@@ -121,3 +121,97 @@ fn a_killed_kubelet_leaves_no_pod_process_behind() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The kubelet's pods get an explicit environment: PATH, HOME (their scratch directory),
+/// HOSTNAME (their name), the variables `--kubelet-env` names and their own `env`; nothing
+/// else of the simulator's environment (a credential set for the simulator stays there).
+#[test]
+fn the_kubelets_pods_get_only_the_environment_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut child = Command::new(podstream_binary())
+        .args([
+            "sim",
+            "--kubelet",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubelet-env",
+            "PODSTREAM_TEST_PASSED,PODSTREAM_TEST_UNSET",
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .arg("--kubelet-dir")
+        .arg(dir.path().join("kubelet"))
+        .env("PODSTREAM_TEST_PASSED", "passed")
+        .env("PODSTREAM_TEST_SECRET", "leaked")
+        .env_remove("PODSTREAM_TEST_UNSET")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "env", "namespace": "airflow"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "base", "image": "none",
+            "command": ["env"],
+            "env": [{"name": "OWN", "value": "own"}],
+        }]},
+    });
+    let (ok, _, err) = podstream_tests::control_plane::kubectl_with_input(
+        &kubeconfig,
+        &["create", "-f", "-"],
+        &pod.to_string(),
+    );
+    assert!(ok, "{err}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let log = loop {
+        let (ok, phase, _) = kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "pod",
+                "-n",
+                "airflow",
+                "env",
+                "-o",
+                "jsonpath={.status.phase}",
+            ],
+        );
+        if ok && phase == "Succeeded" {
+            let (ok, log, err) = kubectl(&kubeconfig, &["logs", "-n", "airflow", "env"]);
+            assert!(ok, "{err}");
+            break log;
+        }
+        assert!(std::time::Instant::now() < deadline, "the pod never ended");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let mut names: Vec<&str> = log
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(name, _)| name))
+        .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["HOME", "HOSTNAME", "OWN", "PATH", "PODSTREAM_TEST_PASSED"],
+        "{log}"
+    );
+    assert!(log.contains("HOSTNAME=env\n"), "{log}");
+    assert!(log.contains("PODSTREAM_TEST_PASSED=passed\n"), "{log}");
+    assert!(!log.contains("leaked"), "{log}");
+    let home = log
+        .lines()
+        .find_map(|line| line.strip_prefix("HOME="))
+        .unwrap();
+    assert!(
+        std::path::Path::new(home).starts_with(dir.path().join("kubelet").canonicalize().unwrap()),
+        "HOME {home} is not under the kubelet's directory\n{log}"
+    );
+}

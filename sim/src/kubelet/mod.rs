@@ -77,6 +77,9 @@ pub struct KubeletConfig {
     pub root: PathBuf,
     /// At most this many pods run at once; the rest stay Pending (`Unschedulable`).
     pub max_pods: Option<usize>,
+    /// Names of the kubelet's own environment variables every container gets, as an image's
+    /// `ENV` would give them. Nothing else of the kubelet's environment reaches a pod.
+    pub passed_env: Vec<String>,
 }
 
 /// One pod, by the identity that outlives a re-creation under the same name.
@@ -123,6 +126,8 @@ struct Host {
     api: NodeApi,
     node: Node,
     root: PathBuf,
+    /// What every container starts with, before the pod's own `env` ([`base_environment`]).
+    base_env: Vec<(String, String)>,
     reaper: Reaper,
 }
 
@@ -227,6 +232,7 @@ impl Kubelet {
                 ip: NODE_IP.to_owned(),
             },
             root,
+            base_env: base_environment(&config.passed_env),
             reaper: Reaper::start(),
         });
         let (changes, observed) = mpsc::unbounded_channel();
@@ -751,6 +757,26 @@ async fn stay_pending(node: &Host, id: &PodId, orders: &mut mpsc::UnboundedRecei
     }
 }
 
+/// The search path a container gets when the kubelet has none (a Debian image's).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment every container starts with: the kubelet's `PATH` (or [`DEFAULT_PATH`])
+/// and the variables `passed` names, each as the kubelet has it. A pod's process gets these,
+/// `HOME` (its scratch directory), `HOSTNAME` (its name) and its own `env`: no credential or
+/// setting of whoever started the kubelet leaks into a pod unless named.
+fn base_environment(passed: &[String]) -> Vec<(String, String)> {
+    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_owned());
+    let mut env = vec![("PATH".to_owned(), path)];
+    for name in passed {
+        match std::env::var(name) {
+            Ok(value) if name != "PATH" => env.push((name.clone(), value)),
+            Ok(_) => {}
+            Err(_) => tracing::warn!(variable = %name, "a variable to pass to the pods is not set"),
+        }
+    }
+    env
+}
+
 /// Starts the container's process in its own process group, its output in the pod's log.
 fn spawn(node: &Host, id: &PodId, launch: &Launch) -> Result<tokio::process::Child, String> {
     let log = log_path(
@@ -779,6 +805,10 @@ fn spawn(node: &Host, id: &PodId, launch: &Launch) -> Result<tokio::process::Chi
     let mut command = tokio::process::Command::new(&launch.program);
     command
         .args(&launch.args)
+        .env_clear()
+        .envs(node.base_env.iter().map(|(k, v)| (k, v)))
+        .env("HOME", &dir)
+        .env("HOSTNAME", &id.name)
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&working_dir)
         .stdin(Stdio::null())

@@ -67,7 +67,7 @@ pub struct Launch {
     pub program: String,
     /// The rest of `command` and `args`.
     pub args: Vec<String>,
-    /// The container's environment, resolved, in order (on top of the simulator's own).
+    /// The container's environment, resolved, in order (on top of the kubelet's base one).
     pub env: Vec<(String, String)>,
     /// `workingDir`, if set.
     pub working_dir: Option<String>,
