@@ -141,9 +141,18 @@ fn history(nats_url: &str) -> anyhow::Result<Timeline> {
         .build()
         .context("starting a Tokio runtime")?;
     runtime.block_on(async {
-        let client = async_nats::connect(nats_url)
-            .await
-            .with_context(|| format!("connecting to {nats_url}"))?;
+        let client = podstream_bus::connect(
+            nats_url,
+            &podstream_bus::NatsSecurity::default(),
+            "podstream-demo",
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to {}",
+                podstream_bus::connect::redacted(nats_url)
+            )
+        })?;
         let subjects = BusConfig::at(nats_url).subjects()?;
         replay::timeline_of(&jetstream::new(client), &subjects).await
     })

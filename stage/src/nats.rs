@@ -25,6 +25,29 @@ impl NatsServer {
         NatsServer::watched(server, dir)
     }
 
+    /// [`NatsServer::start`], taking only clients that present a token made now (kept in
+    /// [`NatsServer::token_file`]), as `podstream run` and `demo` start theirs.
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_with_token() -> NatsServer {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let server = LocalServer::start_with_token(&nats_server_binary(), dir.path(), free_port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        NatsServer::watched(server, dir)
+    }
+
+    /// The file holding the token of a server started by [`NatsServer::start_with_token`].
+    pub fn token_file(&self) -> Option<std::path::PathBuf> {
+        self.server.token_file()
+    }
+
+    /// The URL to connect with: [`NatsServer::url`], with the token as its user info when the
+    /// server has one.
+    pub fn client_url(&self) -> String {
+        self.server.client_url()
+    }
+
     fn watched(server: LocalServer, dir: tempfile::TempDir) -> NatsServer {
         if let Some(pid) = server.pid() {
             crate::kill_when_this_process_ends(crate::Doomed::Process(pid));

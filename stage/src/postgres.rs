@@ -43,6 +43,8 @@ pub struct PgCluster {
     dir: tempfile::TempDir,
     port: u16,
     tls: bool,
+    /// `postgres`'s password, for a cluster that takes none without one.
+    password: Option<String>,
 }
 
 /// The PEM files a cluster serves TLS with.
@@ -62,7 +64,17 @@ impl PgCluster {
     /// # Panics
     /// When PostgreSQL cannot start (scripts/setup.sh installs it).
     pub fn start() -> PgCluster {
-        PgCluster::init(None)
+        PgCluster::init(None, false)
+    }
+
+    /// A cluster where `postgres`, the only role, must give a password made now (scram-sha-256,
+    /// over TCP and the socket alike): another local user cannot use it. [`PgCluster::url`]
+    /// carries the password.
+    ///
+    /// # Panics
+    /// When PostgreSQL cannot start.
+    pub fn start_with_password() -> PgCluster {
+        PgCluster::init(None, true)
     }
 
     /// A cluster that takes TCP connections over TLS only: `postgres` without a password
@@ -72,21 +84,35 @@ impl PgCluster {
     /// # Panics
     /// When PostgreSQL cannot start.
     pub fn start_with_tls(tls: &PgTls) -> PgCluster {
-        PgCluster::init(Some(tls))
+        PgCluster::init(Some(tls), false)
     }
 
-    fn init(tls: Option<&PgTls>) -> PgCluster {
+    fn init(tls: Option<&PgTls>, with_password: bool) -> PgCluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
         let port = crate::free_port();
         let data = dir.path().join("data");
-        let status = as_postgres(&pg_bin().join("initdb"))
+        let password = with_password.then(new_password);
+        let mut initdb = as_postgres(&pg_bin().join("initdb"));
+        initdb
             .arg("-D")
             .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+            .args(["-U", "postgres", "--no-sync"]);
+        // initdb reads the password from a file the server's user can read: removed after.
+        let password_file = dir.path().join("password");
+        match &password {
+            Some(password) => {
+                write_for_postgres(&password_file, password);
+                initdb
+                    .arg("--auth=scram-sha-256")
+                    .arg(format!("--pwfile={}", password_file.display()));
+            }
+            None => {
+                initdb.arg("--auth=trust");
+            }
+        }
+        let status = initdb.stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let _ = std::fs::remove_file(&password_file);
         assert!(
             matches!(status, Ok(s) if s.success()),
             "initdb failed: {status:?}"
@@ -119,6 +145,7 @@ impl PgCluster {
             dir,
             port,
             tls: tls.is_some(),
+            password,
         };
         cluster.pg_ctl_start();
         cluster.stop_when_this_process_ends();
@@ -200,9 +227,13 @@ impl PgCluster {
             .status();
     }
 
-    /// The URL of a database on this cluster.
+    /// The URL of a database on this cluster, as `postgres` (with its password, if it has one).
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        let user = match &self.password {
+            Some(password) => format!("postgres:{password}"),
+            None => "postgres".to_owned(),
+        };
+        format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
     }
 
     /// Creates a database, loaded from an SQL file (a `pg_dump`) when given.
@@ -245,6 +276,7 @@ impl PgCluster {
                 database,
             ])
             .args(args)
+            .envs(self.password.iter().map(|p| ("PGPASSWORD", p)))
             .output()
             .unwrap_or_else(|e| panic!("psql: {e}"));
         assert!(
@@ -253,6 +285,33 @@ impl PgCluster {
             String::from_utf8_lossy(&output.stderr)
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+/// A password for a throwaway cluster: 32 random bytes, hex (URL-safe as it is).
+fn new_password() -> String {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .unwrap_or_else(|e| panic!("reading /dev/urandom: {e}"));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `text` to `file`, readable by its owner only: the server's user when run as root.
+fn write_for_postgres(file: &Path, text: &str) {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    out.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    if is_root() {
+        let _ = Command::new("chown").arg("postgres").arg(file).status();
     }
 }
 

@@ -383,7 +383,7 @@ impl RealAirflow {
         kubernetes: Kubernetes,
     ) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let pg = PgCluster::start();
+        let pg = PgCluster::start_with_password();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
         let kubeconfig = dir.path().join("kubeconfig");
         let markers = dir.path().join("markers");
@@ -403,7 +403,8 @@ impl RealAirflow {
             "PODSTREAM_TEST_HOLD_AFTER_TAKING".to_owned(),
             endings.display().to_string(),
         ));
-        let nats = (executor == Executor::Podstream).then(crate::nats::NatsServer::start);
+        let nats =
+            (executor == Executor::Podstream).then(crate::nats::NatsServer::start_with_token);
         if let Some(nats) = &nats {
             env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");
             env.push((
@@ -411,6 +412,12 @@ impl RealAirflow {
                 "podstream_airflow.PodstreamKubernetesExecutor".to_owned(),
             ));
             env.push(("AIRFLOW__PODSTREAM__URL".to_owned(), nats.url()));
+            if let Some(token) = nats.token_file() {
+                env.push((
+                    "AIRFLOW__PODSTREAM__TOKEN_FILE".to_owned(),
+                    token.display().to_string(),
+                ));
+            }
             // As the podstream-executor overlay runs it: every pod signed, only signed pods act.
             let key = dir.path().join(SIGNING_KEY_FILE);
             std::fs::write(&key, SIGNING_KEY).unwrap_or_else(|e| panic!("{}: {e}", key.display()));
@@ -555,6 +562,11 @@ impl RealAirflow {
                 "airflow",
             ])
             .args(["--nats", &nats.url(), "--db", &self.pg.url(DATABASE)])
+            .args(
+                nats.token_file()
+                    .iter()
+                    .flat_map(|file| [std::ffi::OsStr::new("--nats-token-file"), file.as_os_str()]),
+            )
             .arg("--require-signed-pods")
             .arg("--pod-signing-key-file")
             .arg(self.dir.path().join(SIGNING_KEY_FILE))
@@ -569,9 +581,10 @@ impl RealAirflow {
         std::fs::read_to_string(self.dir.path().join("podstream-run.log")).unwrap_or_default()
     }
 
-    /// The URL of the nats-server podstream runs on; `None` with the stock executor.
+    /// The URL of the nats-server podstream runs on, its token as user info (for
+    /// `podstream_bus::connect`); `None` with the stock executor.
     pub fn nats_url(&self) -> Option<String> {
-        self.nats.as_ref().map(crate::nats::NatsServer::url)
+        self.nats.as_ref().map(crate::nats::NatsServer::client_url)
     }
 
     /// Starts one Airflow component (`scheduler`, `api-server`, `dag-processor`); its index.

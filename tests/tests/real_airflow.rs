@@ -31,6 +31,7 @@ fn runs_the_dags(airflow: Airflow) {
 
 fn runs_the_dags_with(airflow: Airflow, executor: Executor) {
     let real = RealAirflow::start_with(airflow, Dags::Checks, executor);
+    refuses_a_client_without_its_secret(&real);
     let state = real.wait_for_run(DAG, Duration::from_secs(240));
     let version = airflow.short();
     assert_eq!(
@@ -91,6 +92,54 @@ fn runs_the_dags_with(airflow: Airflow, executor: Executor) {
         "Airflow {version}: pods left {names:?}\n{}",
         real.logs()
     );
+}
+
+/// The stage (the one `demo --airflow` plays on) lets no other local user in: its PostgreSQL
+/// takes `postgres` only with the password made for it, its nats-server only clients that
+/// present the token made for it.
+fn refuses_a_client_without_its_secret(real: &RealAirflow) {
+    let conn = real
+        .env()
+        .iter()
+        .find(|(name, _)| name == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+        .map(|(_, url)| url.clone())
+        .unwrap();
+    let port = conn.rsplit_once(':').unwrap().1.split('/').next().unwrap();
+    assert!(
+        conn.contains("postgres:") && conn.contains('@'),
+        "no password in {conn}"
+    );
+    let output = std::process::Command::new(podstream_tests::postgres::pg_bin().join("psql"))
+        .args([
+            "-w",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-U",
+            "postgres",
+            "-d",
+            "airflow",
+        ])
+        .args(["-c", "SELECT 1"])
+        .env_remove("PGPASSWORD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("password"),
+        "PostgreSQL let postgres in without its password: {stderr}"
+    );
+    if let Some(url) = real.nats_url() {
+        let (_, host) = url.split_once('@').unwrap();
+        let bare = format!("nats://{host}");
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let anonymous = runtime.block_on(async { async_nats::connect(bare.as_str()).await });
+        assert!(
+            anonymous.is_err(),
+            "the nats-server took a client without its token"
+        );
+    }
 }
 
 #[test]
