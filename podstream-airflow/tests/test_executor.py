@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -239,30 +238,6 @@ def _delivery(cmd):
     from podstream_airflow.consumer import Delivery
 
     return Delivery(payload=cmd.SerializeToString(), subject="podstream.commands.7.uid", message=None)
-
-
-def test_the_hold_hook_holds_the_loop_once_after_a_fail_is_taken(world, make_command, tmp_path, monkeypatch):
-    """The test hook a real-Airflow story kills the scheduler by: off unless its folder is set
-    and holds ``hold``; then the first fail taken writes ``taken`` and never returns."""
-    from podstream_airflow.executor import HOLD_AFTER_TAKING_ENV
-
-    monkeypatch.setenv(HOLD_AFTER_TAKING_ENV, str(tmp_path))
-    executor = started_executor()
-    try:
-        first = make_command("fail", task_id="first", reason="pod_failed")
-        make_own(executor, first)
-        assert executor.take_command(_delivery(first)) is not None, "no hold file: not held"
-        (tmp_path / "hold").write_text("")
-        held = make_command("fail", task_id="held", reason="pod_failed")
-        make_own(executor, held)
-        taker = threading.Thread(target=executor.take_command, args=(_delivery(held),), daemon=True)
-        taker.start()
-        wait_for(lambda: (tmp_path / "taken").exists(), what="the hook to say it took the fail")
-        taker.join(timeout=1)
-        assert taker.is_alive(), "the loop is held after the fail was taken"
-        assert not (tmp_path / "hold").exists(), "the hook holds once"
-    finally:
-        executor.end()
 
 
 def test_a_dead_schedulers_consumer_goes_after_its_inactivity_threshold(world):

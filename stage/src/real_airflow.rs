@@ -63,7 +63,8 @@ impl Dags {
 pub enum Executor {
     /// The provider's `KubernetesExecutor`, watching its pods by label.
     Stock,
-    /// `podstream_airflow.PodstreamKubernetesExecutor`, with `podstream run
+    /// `podstream_airflow.PodstreamKubernetesExecutor` (as `podstream_story_executor` in
+    /// `stage/airflow/lib` extends it with story (h)'s hold), with `podstream run
     /// --task-failures executor` on a nats-server of its own.
     Podstream,
 }
@@ -397,8 +398,8 @@ impl RealAirflow {
             "PODSTREAM_ENDINGS".to_owned(),
             endings.display().to_string(),
         ));
-        // podstream's executor holds its loop once asked to in the same folder (a story's
-        // kill between taking a fail and committing it).
+        // The stories' podstream executor holds its loop once asked to in the same folder (a
+        // story's kill between taking a fail and committing it): stage/airflow/lib.
         env.push((
             "PODSTREAM_TEST_HOLD_AFTER_TAKING".to_owned(),
             endings.display().to_string(),
@@ -409,7 +410,7 @@ impl RealAirflow {
             env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");
             env.push((
                 "AIRFLOW__CORE__EXECUTOR".to_owned(),
-                "podstream_airflow.PodstreamKubernetesExecutor".to_owned(),
+                "podstream_story_executor.StoryPodstreamKubernetesExecutor".to_owned(),
             ));
             env.push(("AIRFLOW__PODSTREAM__URL".to_owned(), nats.url()));
             if let Some(token) = nats.token_file() {

@@ -556,13 +556,14 @@ fn end_the_pod_while_down(real: &mut RealAirflow, ending: PodEnding) -> Result<(
 }
 
 /// The file by which the stage asks podstream's executor to hold its scheduler loop after
-/// taking a fail (the executor's `PODSTREAM_TEST_HOLD_AFTER_TAKING` hook, pointed at the
-/// endings folder), and the one it answers with.
+/// taking a fail (`PODSTREAM_TEST_HOLD_AFTER_TAKING` of the stories' executor,
+/// `stage/airflow/lib/podstream_story_executor.py`, pointed at the endings folder), and the
+/// one it answers with.
 const HOLD: &str = "hold";
 const TAKEN: &str = "taken";
 
 /// (h) The first pod dies while its scheduler runs. With podstream's executor the scheduler
-/// is held (its test hook) right after the executor took the failure and before the loop
+/// is held (the stories' executor's hold) right after the executor took the failure and before the loop
 /// committed it, and killed -9 there; with the stock executor, killed -9 as soon as the pod
 /// has failed. Then a new scheduler starts.
 fn kill_after_taking_the_failure(real: &mut RealAirflow) -> Result<(), String> {

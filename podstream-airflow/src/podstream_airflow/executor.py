@@ -12,8 +12,6 @@ everything after that is Airflow's own code, unchanged.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
@@ -48,10 +46,6 @@ UNTRACKED_METRIC = "podstream.executor.untracked_fail"
 FOREIGN_POD_METRIC = "podstream.executor.foreign_pod"
 #: The commands that act on a task: only its own pod's count.
 ACTING = ("transfer", "fail", "completed")
-#: A test hook, off unless set: a folder. When ``hold`` is in it as a fail enters the executor,
-#: the file is removed, ``taken`` written, and the scheduler loop held there, so a test can
-#: kill the scheduler after it took a fail and before its loop committed what the fail did.
-HOLD_AFTER_TAKING_ENV = "PODSTREAM_TEST_HOLD_AFTER_TAKING"
 
 
 class PodstreamConflict(RuntimeError):
@@ -219,8 +213,6 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         if TYPE_CHECKING:
             assert self.kube_scheduler is not None
         self.kube_scheduler.watcher_queue.put(event)
-        if what.state == TaskInstanceState.FAILED.value:
-            _hold_if_asked(self.log)
         return event
 
     def try_adopt_task_instances(self, tis: Sequence[Any]) -> Sequence[Any]:
@@ -280,22 +272,6 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self._handled[command_id] = None
         while len(self._handled) > REMEMBERED_COMMANDS:
             self._handled.popitem(last=False)
-
-
-def _hold_if_asked(log: Any) -> None:
-    """The test hook of ``HOLD_AFTER_TAKING_ENV``: holds the scheduler loop for good, once."""
-    folder = os.environ.get(HOLD_AFTER_TAKING_ENV)
-    if not folder:
-        return
-    try:
-        os.remove(os.path.join(folder, "hold"))
-    except FileNotFoundError:
-        return
-    log.warning("podstream: holding the scheduler loop after taking a fail (%s)", HOLD_AFTER_TAKING_ENV)
-    with open(os.path.join(folder, "taken"), "w") as taken:
-        taken.write("taken\n")
-    while True:
-        time.sleep(3600)
 
 
 #: The commands after which podstream's record says a TI's pod is alive.

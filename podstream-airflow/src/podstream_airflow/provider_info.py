@@ -6,12 +6,28 @@ Imports nothing of Airflow: the provider manager calls it while Airflow itself s
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, metadata, version
 from typing import Any
 
 from podstream_airflow.config import OPTIONS, SECTION
 
 PACKAGE = "podstream-airflow"
+#: The integration the provider's entries belong to.
+INTEGRATION = "podstream"
+
+
+def project_url(label: str) -> str:
+    """The package's ``[project.urls]`` entry ``label`` (its one source), or "" when the
+    package is not installed."""
+    try:
+        entries = metadata(PACKAGE).get_all("Project-URL") or []
+    except PackageNotFoundError:
+        return ""
+    for entry in entries:
+        name, _, url = entry.partition(",")
+        if name.strip() == label:
+            return url.strip()
+    return ""
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -26,6 +42,14 @@ def get_provider_info() -> dict[str, Any]:
         "description": "KubernetesExecutor taking pod outcomes from podstream (NATS JetStream) "
         "instead of watching pods itself.",
         "versions": [installed],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": project_url("Documentation"),
+                "tags": ["software"],
+            }
+        ],
+        "operators": [{"integration-name": INTEGRATION, "python-modules": ["podstream_airflow.spark"]}],
         "executors": ["podstream_airflow.PodstreamKubernetesExecutor"],
         "config": {
             SECTION: {
