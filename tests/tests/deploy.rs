@@ -160,6 +160,35 @@ fn every_overlay_renders_validates_and_keeps_the_promises() {
                 .map(|d| d["spec"]["replicas"].clone())
         };
         assert_eq!(replicas("podstream-ingest"), Some(Value::from(2)));
+        // The shared settings: each a variable the components read, and streams and buckets
+        // made with three replicas, so one lost NATS node loses no checkpoint or command.
+        let settings = of_kind(&objects, "ConfigMap")
+            .into_iter()
+            .find(|c| c["data"]["PODSTREAM_NATS"].is_string())
+            .unwrap_or_else(|| panic!("{overlay}: no ConfigMap of podstream's settings"));
+        assert_eq!(
+            settings["data"]["PODSTREAM_STREAM_REPLICAS"], "3",
+            "{overlay}"
+        );
+        let helps: String = [
+            &["--help"][..],
+            &["ingest", "--help"],
+            &["process", "--help"],
+            &["sink", "--help"],
+        ]
+        .iter()
+        .map(|args| run(Command::new(podstream_binary()).args(*args)))
+        .collect();
+        for key in settings["data"].as_object().unwrap().keys() {
+            assert!(
+                // `[env: KEY=]`, `[env: KEY]` for a value --help hides, or named in a flag's
+                // help (`PODSTREAM_LOG`, read by the log filter).
+                helps.contains(&format!("[env: {key}="))
+                    || helps.contains(&format!("[env: {key}]"))
+                    || helps.contains(&format!("`{key}`")),
+                "{overlay}: no component reads {key}"
+            );
+        }
         let process = deployments
             .iter()
             .find(|d| d["metadata"]["name"] == "podstream-process")
@@ -395,4 +424,58 @@ fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
             "{alert}: no heading for #{entry} in docs/operations.md"
         );
     }
+}
+
+/// Every Secret the install mounts (the overlays' volumes, the chart values on
+/// docs/install.md) is one a `kubectl create secret` step of that page creates: a Secret no
+/// step creates leaves its pod in `ContainerCreating`.
+#[test]
+fn the_install_page_creates_every_secret_the_install_mounts() {
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
+    let created: std::collections::BTreeSet<String> = page
+        .lines()
+        .filter_map(|line| line.split_once("create secret generic "))
+        .filter_map(|(_, rest)| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    let mut mounted = std::collections::BTreeSet::new();
+    for (_, rest) in page
+        .match_indices("secretName: ")
+        .map(|(i, _)| page.split_at(i))
+    {
+        let name: String = rest["secretName: ".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        mounted.insert(name);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (overlay, _) in OVERLAYS {
+        let (_, objects) = render(overlay, dir.path());
+        for deployment in of_kind(&objects, "Deployment") {
+            let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+            for volume in volumes.as_array().into_iter().flatten() {
+                let mut names = vec![&volume["secret"]["secretName"]];
+                for source in volume["projected"]["sources"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    names.push(&source["secret"]["name"]);
+                }
+                mounted.extend(
+                    names
+                        .into_iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    assert!(mounted.len() >= 5, "too few Secrets found: {mounted:?}");
+    let missing: Vec<&String> = mounted.difference(&created).collect();
+    assert!(
+        missing.is_empty(),
+        "mounted but created by no step of docs/install.md: {missing:?} (created: {created:?})"
+    );
 }
