@@ -1,6 +1,7 @@
 //! The examples in `examples/` run against the real pipeline: `follow_commands.py` (nats-py,
-//! protobuf and the shipped schema, no Airflow) prints scheduler 1's commands as the ingest
-//! and the processor make them from a pod's life on the simulator.
+//! protobuf and the shipped schema, no Airflow), logged in as the shipped users file's
+//! `podstream-reader`, prints scheduler 1's commands as the ingest and the processor (each
+//! with its own user) make them from a pod's life on the simulator.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use podstream_bus::BusConfig;
+use podstream_bus::{BusConfig, NatsCredentials, NatsSecurity};
 use podstream_ingest::service::{self as ingest, IngestConfig};
 use podstream_processor::service::{self as process, ProcessConfig};
 use podstream_sim::{Server, SimConfig, WorkerPod};
@@ -22,7 +23,37 @@ use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_consumer_follows_one_schedulers_commands() {
-    let nats = NatsServer::start();
+    // The shipped users file, each password in a file of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
+    let mut env = Vec::new();
+    for user in users {
+        let password = format!("{user}-example-password");
+        std::fs::write(dir.path().join(user), &password).unwrap();
+        env.push((
+            format!("PODSTREAM_{}_PASSWORD", user.to_uppercase()),
+            password,
+        ));
+    }
+    std::fs::copy(
+        workspace_root().join("deploy/nats/podstream-users.conf"),
+        dir.path().join("podstream-users.conf"),
+    )
+    .unwrap();
+    let config = dir.path().join("nats-server.conf");
+    std::fs::write(&config, "include \"podstream-users.conf\"\n").unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let nats = NatsServer::start_with_config(&config, &env);
+    let bus_as = |user: &str| BusConfig {
+        security: NatsSecurity {
+            credentials: NatsCredentials::UserPassword {
+                user: format!("podstream-{user}"),
+                password_file: dir.path().join(user),
+            },
+            ..NatsSecurity::default()
+        },
+        ..BusConfig::at(&nats.url())
+    };
     let sim = Server::start(
         "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
         SimConfig {
@@ -38,7 +69,7 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
     };
     let ingest = tokio::spawn(ingest::run(
         IngestConfig {
-            bus: BusConfig::at(&nats.url()),
+            bus: bus_as("ingest"),
             ..IngestConfig::default()
         },
         kube_client(&sim).await,
@@ -46,7 +77,7 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
     ));
     let processor = tokio::spawn(process::run(
         ProcessConfig {
-            bus: BusConfig::at(&nats.url()),
+            bus: bus_as("process"),
             ..ProcessConfig::default()
         },
         until_stopped(stopped.clone()),
@@ -57,6 +88,8 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
     let mut follower = Command::new(&python)
         .arg(workspace_root().join("examples/follow_commands.py"))
         .args(["--nats", &nats.url(), "--scheduler", "1", "--from-start"])
+        .args(["--user", "podstream-reader", "--password-file"])
+        .arg(dir.path().join("reader"))
         .args(["--count", "2"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -118,4 +151,7 @@ async fn the_python_consumer_follows_one_schedulers_commands() {
     stop.send(true).unwrap();
     ingest.await.unwrap().unwrap();
     processor.await.unwrap().unwrap();
+    // Nothing any of them did was refused.
+    let log = nats.log();
+    assert!(!log.contains("Violation"), "{log}");
 }
