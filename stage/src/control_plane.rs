@@ -136,7 +136,7 @@ impl ControlPlane {
         crate::remove_when_this_process_ends(dir.path());
         let pki = Pki::new();
         let (signer, verifier) = pki.key_pair("service-accounts");
-        let token = random_token();
+        let token = crate::random_token();
         let audit_policy = dir.path().join("audit-policy.yaml");
         write(&audit_policy, AUDIT_POLICY);
         let tokens = dir.path().join("tokens.csv");
@@ -491,13 +491,4 @@ fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-/// 32 hex digits from the kernel's random source.
-fn random_token() -> String {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .unwrap_or_else(|e| panic!("/dev/urandom: {e}"));
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

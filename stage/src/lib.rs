@@ -139,6 +139,19 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     control_plane::kubectl_with_input(kubeconfig, args, "")
 }
 
+/// 32 hex digits from the kernel's random source: a token or password made for one run.
+///
+/// # Panics
+/// When /dev/urandom cannot be read.
+pub fn random_token() -> String {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .unwrap_or_else(|e| panic!("/dev/urandom: {e}"));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A TCP port that is free on 127.0.0.1 now (for servers the stage starts).
 ///
 /// # Panics

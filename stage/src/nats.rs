@@ -7,6 +7,9 @@ pub use podstream_bus::local_server::find_binary as nats_server_binary;
 
 use crate::free_port;
 
+/// The users of `deploy/nats/podstream-users.conf`, each `podstream-<name>`.
+pub const SHIPPED_USERS: [&str; 6] = ["ingest", "process", "sink", "reader", "airflow", "spark"];
+
 /// A running (or stopped) nats-server owned by the test.
 pub struct NatsServer {
     server: LocalServer,
@@ -35,6 +38,32 @@ impl NatsServer {
         let server = LocalServer::start_with_token(&nats_server_binary(), dir.path(), free_port())
             .unwrap_or_else(|e| panic!("{e}"));
         NatsServer::watched(server, dir)
+    }
+
+    /// A server on the shipped `deploy/nats/podstream-users.conf`, its files in `dir`: user
+    /// `podstream-<name>`'s password is `<name>-<password_suffix>`, also written to
+    /// `dir/<name>` for a `--nats-password-file`, for each of [`SHIPPED_USERS`].
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_with_shipped_users(dir: &std::path::Path, password_suffix: &str) -> NatsServer {
+        let mut env = Vec::new();
+        for name in SHIPPED_USERS {
+            let password = format!("{name}-{password_suffix}");
+            std::fs::write(dir.join(name), &password).unwrap_or_else(|e| panic!("{e}"));
+            env.push((
+                format!("PODSTREAM_{}_PASSWORD", name.to_uppercase()),
+                password,
+            ));
+        }
+        let users = crate::workspace_root().join("deploy/nats/podstream-users.conf");
+        std::fs::copy(&users, dir.join("podstream-users.conf"))
+            .unwrap_or_else(|e| panic!("{}: {e}", users.display()));
+        let config = dir.join("nats-server.conf");
+        std::fs::write(&config, "include \"podstream-users.conf\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        NatsServer::start_with_config(&config, &env)
     }
 
     /// The file holding the token of a server started by [`NatsServer::start_with_token`].

@@ -92,7 +92,7 @@ impl PgCluster {
         let _ = Command::new("chmod").arg("777").arg(dir.path()).status();
         let port = crate::free_port();
         let data = dir.path().join("data");
-        let password = with_password.then(new_password);
+        let password = with_password.then(crate::random_token);
         let mut initdb = as_postgres(&pg_bin().join("initdb"));
         initdb
             .arg("-D")
@@ -286,16 +286,6 @@ impl PgCluster {
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
-}
-
-/// A password for a throwaway cluster: 32 random bytes, hex (URL-safe as it is).
-fn new_password() -> String {
-    use std::io::Read as _;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .unwrap_or_else(|e| panic!("reading /dev/urandom: {e}"));
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes `text` to `file`, readable by its owner only: the server's user when run as root.

@@ -25,25 +25,7 @@ use serde_json::Value;
 async fn the_python_consumer_follows_one_schedulers_commands() {
     // The shipped users file, each password in a file of its own.
     let dir = tempfile::tempdir().unwrap();
-    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
-    let mut env = Vec::new();
-    for user in users {
-        let password = format!("{user}-example-password");
-        std::fs::write(dir.path().join(user), &password).unwrap();
-        env.push((
-            format!("PODSTREAM_{}_PASSWORD", user.to_uppercase()),
-            password,
-        ));
-    }
-    std::fs::copy(
-        workspace_root().join("deploy/nats/podstream-users.conf"),
-        dir.path().join("podstream-users.conf"),
-    )
-    .unwrap();
-    let config = dir.path().join("nats-server.conf");
-    std::fs::write(&config, "include \"podstream-users.conf\"\n").unwrap();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let nats = NatsServer::start_with_config(&config, &env);
+    let nats = NatsServer::start_with_shipped_users(dir.path(), "example-password");
     let bus_as = |user: &str| BusConfig {
         security: NatsSecurity {
             credentials: NatsCredentials::UserPassword {

@@ -17,7 +17,7 @@ use podstream_sink::Database;
 use podstream_sink::seed::SeedTi;
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::component::Component;
-use podstream_tests::nats::NatsServer;
+use podstream_tests::nats::{NatsServer, SHIPPED_USERS};
 use podstream_tests::pki::Pki;
 use podstream_tests::{free_port, http_get, podstream_binary, recovery};
 
@@ -307,21 +307,8 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config() {
     let pki = Pki::new();
-    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
-    let mut env = Vec::new();
-    for user in users {
-        let variable = format!("PODSTREAM_{}_PASSWORD", user.to_uppercase());
-        env.push((variable, format!("{user}-{PASSWORD}")));
-        pki.write(user, &format!("{user}-{PASSWORD}"));
-    }
-    std::fs::copy(
-        podstream_tests::workspace_root().join("deploy/nats/podstream-users.conf"),
-        pki.path("podstream-users.conf"),
-    )
-    .unwrap();
-    let config = pki.write("nats-server.conf", "include \"podstream-users.conf\"\n");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let nats = NatsServer::start_with_config(&config, &env);
+    let users = SHIPPED_USERS;
+    let nats = NatsServer::start_with_shipped_users(&pki.path(""), PASSWORD);
     let url = nats.url();
     let files: Vec<String> = users.iter().map(|user| path_str(&pki.path(user))).collect();
     let user_names: Vec<String> = users
@@ -381,26 +368,8 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
 /// the same connection still does what the user is for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
-    let users = ["ingest", "process", "sink", "reader", "airflow", "spark"];
-    let env: Vec<(String, String)> = users
-        .iter()
-        .map(|user| {
-            (
-                format!("PODSTREAM_{}_PASSWORD", user.to_uppercase()),
-                format!("{user}-{PASSWORD}"),
-            )
-        })
-        .collect();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        podstream_tests::workspace_root().join("deploy/nats/podstream-users.conf"),
-        dir.path().join("podstream-users.conf"),
-    )
-    .unwrap();
-    let config = dir.path().join("nats-server.conf");
-    std::fs::write(&config, "include \"podstream-users.conf\"\n").unwrap();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let nats = NatsServer::start_with_config(&config, &env);
+    let nats = NatsServer::start_with_shipped_users(dir.path(), PASSWORD);
     let connect = async |user: &str| {
         async_nats::ConnectOptions::with_user_and_password(
             format!("podstream-{user}"),

@@ -54,13 +54,14 @@ fn running(line: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The kubelet's pods never outlive it: killed with SIGKILL (no drop, no signal handler),
-/// the processes of the pods it ran go with it, also one that started its own session.
-#[test]
-fn a_killed_kubelet_leaves_no_pod_process_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let mut child = Command::new(podstream_binary())
+/// `podstream sim --kubelet` in `dir` with `configure`'s flags and environment besides, once
+/// it listens; its kubeconfig is `dir/kubeconfig`.
+fn sim_with_kubelet(
+    dir: &std::path::Path,
+    configure: impl FnOnce(&mut Command) -> &mut Command,
+) -> std::process::Child {
+    let mut command = Command::new(podstream_binary());
+    command
         .args([
             "sim",
             "--kubelet",
@@ -68,16 +69,36 @@ fn a_killed_kubelet_leaves_no_pod_process_behind() {
             "127.0.0.1:0",
             "--kubeconfig",
         ])
-        .arg(&kubeconfig)
+        .arg(dir.join("kubeconfig"))
         .arg("--kubelet-dir")
-        .arg(dir.path().join("kubelet"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .arg(dir.join("kubelet"))
+        .stdout(Stdio::piped());
+    let mut child = configure(&mut command).spawn().unwrap();
     let mut first = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
+    assert!(first.starts_with("listening on "), "{first}");
+    child
+}
+
+/// Creates `pod` through kubectl.
+fn create(kubeconfig: &std::path::Path, pod: &serde_json::Value) {
+    let (ok, _, err) = podstream_tests::control_plane::kubectl_with_input(
+        kubeconfig,
+        &["create", "-f", "-"],
+        &pod.to_string(),
+    );
+    assert!(ok, "{err}");
+}
+
+/// The kubelet's pods never outlive it: killed with SIGKILL (no drop, no signal handler),
+/// the processes of the pods it ran go with it, also one that started its own session.
+#[test]
+fn a_killed_kubelet_leaves_no_pod_process_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut child = sim_with_kubelet(dir.path(), |command| command);
     // A distinct sleep per test run, and one that leaves the pod's process group as
     // Airflow 2's task runner does (setsid).
     let marker = 3000 + std::process::id() % 1000;
@@ -91,12 +112,7 @@ fn a_killed_kubelet_leaves_no_pod_process_behind() {
             "command": ["sh", "-c", format!("setsid {escaped} & exec {plain}")],
         }]},
     });
-    let (ok, _, err) = podstream_tests::control_plane::kubectl_with_input(
-        &kubeconfig,
-        &["create", "-f", "-"],
-        &pod.to_string(),
-    );
-    assert!(ok, "{err}");
+    create(&kubeconfig, &pod);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !(running(&plain) && running(&escaped)) {
         assert!(
@@ -129,29 +145,16 @@ fn a_killed_kubelet_leaves_no_pod_process_behind() {
 fn the_kubelets_pods_get_only_the_environment_named() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut child = Command::new(podstream_binary())
-        .args([
-            "sim",
-            "--kubelet",
-            "--listen",
-            "127.0.0.1:0",
-            "--kubelet-env",
-            "PODSTREAM_TEST_PASSED,PODSTREAM_TEST_UNSET",
-            "--kubeconfig",
-        ])
-        .arg(&kubeconfig)
-        .arg("--kubelet-dir")
-        .arg(dir.path().join("kubelet"))
-        .env("PODSTREAM_TEST_PASSED", "passed")
-        .env("PODSTREAM_TEST_SECRET", "leaked")
-        .env_remove("PODSTREAM_TEST_UNSET")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let mut child = sim_with_kubelet(dir.path(), |command| {
+        command
+            .args([
+                "--kubelet-env",
+                "PODSTREAM_TEST_PASSED,PODSTREAM_TEST_UNSET",
+            ])
+            .env("PODSTREAM_TEST_PASSED", "passed")
+            .env("PODSTREAM_TEST_SECRET", "leaked")
+            .env_remove("PODSTREAM_TEST_UNSET")
+    });
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "env", "namespace": "airflow"},
@@ -161,12 +164,7 @@ fn the_kubelets_pods_get_only_the_environment_named() {
             "env": [{"name": "OWN", "value": "own"}],
         }]},
     });
-    let (ok, _, err) = podstream_tests::control_plane::kubectl_with_input(
-        &kubeconfig,
-        &["create", "-f", "-"],
-        &pod.to_string(),
-    );
-    assert!(ok, "{err}");
+    create(&kubeconfig, &pod);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let log = loop {
         let (ok, phase, _) = kubectl(
