@@ -267,10 +267,21 @@ fn the_dashboard_and_the_reference_show_exactly_the_exported_metrics() {
         &std::fs::read_to_string(workspace_root().join("deploy/grafana/podstream.json")).unwrap(),
     )
     .unwrap();
+    // One install at a time: a namespace variable, and every series selected by it.
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "namespace" && v["type"] == "query"),
+        "no namespace variable: {variables:?}"
+    );
     let mut queried = std::collections::BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
+            let series = expr.matches("podstream_").count();
+            let scoped = expr.matches("{namespace=\"$namespace\"").count();
+            assert_eq!(series, scoped, "not every series by $namespace: {expr}");
             for (at, _) in expr.match_indices("podstream_") {
                 let name: String = expr[at..]
                     .chars()
