@@ -133,3 +133,106 @@ fn nothing_points_to_the_design_folder_outside_the_clone() {
         found.join("\n")
     );
 }
+
+/// The code spans of a Markdown text (fenced blocks left out) that name a path of the
+/// repository: a top-level entry of `root` (not the build output), then `/`-separated
+/// names, an optional `:line` dropped.
+fn repository_paths(markdown: &str, root: &Path) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for span in line.split('`').skip(1).step_by(2) {
+            let path = span.split(':').next().unwrap_or_default().trim();
+            let named = path.contains('/')
+                && path
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/_.-".contains(c));
+            let first = path.split('/').next().unwrap_or_default();
+            if named && !first.is_empty() && first != "target" && root.join(first).exists() {
+                paths.push(path.to_owned());
+            }
+        }
+    }
+    paths
+}
+
+#[test]
+fn paths_in_code_spans_are_read_as_paths() {
+    let root = root();
+    let text = "`docs/semantics.md` and `cli/src/main.rs:12`, `target/tools`, `a/b`,\n\
+                `proto/.../x.rs`, `podstream.commands.>`\n```\n`deploy/none.yaml`\n```\n";
+    assert_eq!(
+        repository_paths(text, &root),
+        ["docs/semantics.md", "cli/src/main.rs", "proto/.../x.rs"]
+    );
+}
+
+/// Every repository path the README and docs/ name in code exists: a file moved or renamed
+/// takes its mentions with it.
+#[test]
+fn every_path_the_docs_name_exists() {
+    let root = root();
+    let mut pages = vec![root.join("README.md")];
+    files(&root.join("docs"), &[".md"], &mut pages);
+    let mut stale = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for path in repository_paths(&text, &root) {
+            if !root.join(&path).exists() {
+                stale.push(format!("{}: {path}", page.display()));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "paths named in the docs that are not there:\n{}",
+        stale.join("\n")
+    );
+}
+
+/// Every source file of every crate appears in docs/architecture.md, by its name or its
+/// path under `src/` (a `mod.rs` by its folder): the house is drawn whole.
+#[test]
+fn every_source_file_appears_in_the_architecture() {
+    let root = root();
+    let architecture = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let krate = entry.unwrap().path();
+        let src = krate.join("src");
+        if !krate.join("Cargo.toml").exists() || !src.is_dir() {
+            continue;
+        }
+        let mut sources = Vec::new();
+        files(&src, &[".rs"], &mut sources);
+        for source in sources {
+            let name = source.file_name().unwrap().to_string_lossy().into_owned();
+            let relative = source.strip_prefix(&src).unwrap().display().to_string();
+            let folder = source
+                .parent()
+                .and_then(Path::file_name)
+                .map(|f| format!("{}/", f.to_string_lossy()))
+                .unwrap_or_default();
+            let shown = match name.as_str() {
+                "lib.rs" | "main.rs" => true,
+                "mod.rs" => architecture.contains(&folder),
+                _ => architecture.contains(&name) || architecture.contains(&relative),
+            };
+            if !shown {
+                missing.push(source.strip_prefix(&root).unwrap().display().to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "source files docs/architecture.md does not name:\n{}",
+        missing.join("\n")
+    );
+}
