@@ -5,11 +5,25 @@
 # one fails (--no-fail-fast), so one report shows everything; the exit code is
 # still non-zero then. Extra arguments go to `cargo test`.
 #
+# --fast (first argument) runs the quick tier instead: every crate's unit, property and
+# integration tests but the end-to-end suite's, the end-to-end binaries in FAST_SUITES (the
+# simulator, nats-server and PostgreSQL; no Airflow scheduler, no kube-apiserver), and the
+# doctests. The whole suite stays what CI runs.
+#
 # PODSTREAM_TEST_BUSY_CORES=N keeps N cores busy with a spinning shell for the whole run: the
 # real-Airflow stories must pass on a loaded machine too, not by timing (their waits are sized
 # for a loaded 2-core machine; CI runs without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The end-to-end binaries of the quick tier: each takes seconds.
+FAST_SUITES=(apply_cli custom_resources decide_cli docs examples exit_status kubectl leftovers
+    nats_security process replay sim_cli spark_drivers streams tail timeline trust)
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+    fast=1
+    shift
+fi
 
 busy_cores="${PODSTREAM_TEST_BUSY_CORES:-0}"
 case "$busy_cores" in
@@ -25,23 +39,34 @@ done
 ((busy_cores)) && echo "test.sh: $busy_cores core(s) kept busy for the run"
 
 scripts/setup.sh
+target_dir="${CARGO_TARGET_DIR:-target}"
 # The production binary first (deploy/Dockerfile's features: no demo, no simulator, no stage),
-# kept beside the other; the full build below then puts the workspace's own binary back.
-cargo build -p podstream-cli --no-default-features
-target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-cp "$target/debug/podstream" "$target/debug/podstream-production"
+# kept beside the other; the full build below then puts the workspace's own binary back. The
+# quick tier leaves it out: building it recompiles the shared dependencies twice.
+if ! ((fast)); then
+    cargo build -p podstream-cli --no-default-features
+    cp "$target_dir/debug/podstream" "$target_dir/debug/podstream-production"
+fi
 # Build every target first, the `podstream` binary among them, in one
 # invocation: the binary then shares the test build's dependencies (same
 # feature set) and the end-to-end tests run it instead of building a second
 # copy of the dependency graph for it.
 cargo build --workspace --all-targets
+target="$(cd "$target_dir" && pwd)"
 
 # The servers a test may start: whatever of these outlives the run was left behind.
 servers='postgres|nats-server|podstream|airflow|gunicorn|uvicorn|etcd|kube-apiserver'
 before="$(pgrep -d ' ' -f "$servers" || true)"
 status=0
-PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production" \
+export PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production"
+if ((fast)); then
+    suites=()
+    for suite in "${FAST_SUITES[@]}"; do suites+=(--test "$suite"); done
+    cargo test --workspace --exclude podstream-tests --all-targets --no-fail-fast "$@" || status=$?
+    cargo test -p podstream-tests --lib "${suites[@]}" --no-fail-fast "$@" || status=$?
+else
     cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
+fi
 # The examples in the documentation (--all-targets leaves doctests out); a run narrowed by
 # arguments is about its own targets.
 if [ "$#" -eq 0 ]; then
