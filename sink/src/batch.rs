@@ -86,7 +86,7 @@ fn keeps_pod_alive(command: &Command) -> bool {
 /// Whether a recorded `last_command` says its pod lives on: [`keeps_pod_alive`]'s kinds, by
 /// the names `podstream_ti_pod` stores (and its statement's `WHERE` lists).
 fn names_a_live_pod(last_command: &str) -> bool {
-    matches!(last_command, "running" | "transfer")
+    guard::LIVE_POD_COMMANDS.contains(&last_command)
 }
 
 /// Binds an unbound try to the pod of an applied `running` or `transfer` in the batch, as the

@@ -16,6 +16,15 @@ pub const TERMINAL: [&str; 5] = ["success", "failed", "skipped", "upstream_faile
 /// a container that ended with `Error` started the worker, so its failure is the task's.
 pub const DEFAULT_LAUNCH_FAILURE_EXCLUDED_REASONS: &str = "Error";
 
+/// The `last_command` values of `podstream_ti_pod` that say its pod lives on (the try stays
+/// bound to it): what the sink's statements and podstream-airflow's adoption read as alive.
+pub const LIVE_POD_COMMANDS: [&str; 2] = ["running", "transfer"];
+
+/// [`LIVE_POD_COMMANDS`] as an SQL list: `('running', 'transfer')`.
+pub fn live_pod_commands_sql() -> String {
+    format!("('{}')", LIVE_POD_COMMANDS.join("', '"))
+}
+
 /// Who moves a task instance to `up_for_retry` or `failed` when its pod fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TaskFailures {

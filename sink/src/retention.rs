@@ -126,11 +126,14 @@ impl History {
     }
 
     /// What else a row must meet to go.
-    fn also(self) -> &'static str {
+    fn also(self) -> String {
         match self {
             // The commands after which podstream-airflow's executor adopts a TI's pod.
-            History::TiPod => " AND last_command NOT IN ('running', 'transfer')",
-            History::Applied | History::TiOwner | History::Duplicate => "",
+            History::TiPod => format!(
+                " AND last_command NOT IN {}",
+                crate::guard::live_pod_commands_sql()
+            ),
+            History::Applied | History::TiOwner | History::Duplicate => String::new(),
         }
     }
 }

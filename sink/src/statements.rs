@@ -59,6 +59,7 @@ impl SetStatements {
     /// The statements in `backend`'s dialect, for `airflow`'s schema.
     pub fn new(backend: Backend, airflow: AirflowSchema) -> SetStatements {
         let rows = |columns: &[(&str, &str)]| json_rows(backend, columns);
+        let live = crate::guard::live_pod_commands_sql();
         let now = match backend {
             Backend::Postgres => "now()",
             Backend::Sqlite => "?2",
@@ -193,7 +194,7 @@ impl SetStatements {
                    pod_uid = excluded.pod_uid, owner = excluded.owner, last_command = excluded.last_command,
                    resource_version = excluded.resource_version, updated_at = excluded.updated_at
                  WHERE podstream_ti_pod.try_number <> excluded.try_number
-                   OR podstream_ti_pod.last_command NOT IN ('running', 'transfer')
+                   OR podstream_ti_pod.last_command NOT IN {live}
                    OR (podstream_ti_pod.pod_namespace = excluded.pod_namespace
                        AND podstream_ti_pod.pod_name = excluded.pod_name)",
                 rows(&key_and(&[

@@ -14,7 +14,8 @@ use podstream_tests::{podstream_binary, workspace_root};
 /// The descriptor set the package ships, beside its Python code.
 const SHIPPED_SCHEMA: &str = "podstream-airflow/src/podstream_airflow/podstream.binpb";
 
-/// Set to rewrite the shipped copy from the build's (after a change to the `.proto`).
+/// Set to rewrite the shipped copies from the build's (after a change to the `.proto` or to
+/// anything the contract names).
 const UPDATE: &str = "PODSTREAM_UPDATE_AIRFLOW_SCHEMA";
 
 #[test]
@@ -31,19 +32,119 @@ fn the_package_ships_podstreams_own_schema() {
     );
 }
 
-/// The package's default Spark bucket is the processor's: the operator reads where
-/// `podstream process --spark` writes.
-#[test]
-fn the_package_reads_the_spark_bucket_the_processor_writes() {
-    let config = std::fs::read_to_string(
-        workspace_root().join("podstream-airflow/src/podstream_airflow/config.py"),
-    )
-    .unwrap();
-    let default = format!(
-        "DEFAULT_SPARK_BUCKET = \"{}\"",
-        podstream_processor::spark::service::DEFAULT_SPARK_BUCKET
+/// What the package relies on of podstream, made from the Rust definitions: docs/contract.md
+/// §7 in machine-readable form. The package's pytest suite (`tests/test_contract.py`) holds
+/// its own constants and functions against it.
+const SHIPPED_CONTRACT: &str = "podstream-airflow/tests/contract.json";
+
+/// The contract, from the Rust definitions (and the sink's tables as it creates them).
+async fn contract() -> serde_json::Value {
+    use podstream_proto::signature::{PodSigning, SIGNATURE_ANNOTATION, signed_text};
+    use podstream_proto::subject::{DEFAULT_PREFIX, Subjects, encode_key_token, encode_token};
+    use serde_json::json;
+    use sqlx::Row;
+
+    let subjects = Subjects::new(DEFAULT_PREFIX).unwrap();
+    let owners = ["7", "job 7.a", ""];
+    let values = [
+        "airflow",
+        "etl.daily run",
+        "scheduled__2026-01-01T00:00:00+00:00",
+        "",
+    ];
+    let job = podstream_processor::spark::JobKey {
+        namespace: "airflow".into(),
+        dag_id: "spark.dag".into(),
+        task_id: "submit job".into(),
+        run_id: "manual__2026-12-06T10:00:00+00:00".into(),
+        map_index: 2,
+    };
+    let key = "k".repeat(32);
+    let pod = podstream_proto::PodRef {
+        namespace: "airflow".into(),
+        name: "etl-load-x7k2".into(),
+        ..Default::default()
+    };
+    let task = podstream_proto::TaskKey {
+        dag_id: "etl".into(),
+        task_id: "load".into(),
+        run_id: "manual__2026-12-06".into(),
+        map_index: 3,
+        try_number: 2,
+        ..Default::default()
+    };
+    let signer = PodSigning::new([key.as_bytes()]).unwrap();
+    let target = podstream_tests::airflow::AirflowDb::sqlite(Airflow::line("3.1"));
+    let db = podstream_sink::Database::connect(&target.url)
+        .await
+        .unwrap();
+    let columns: Vec<String> =
+        sqlx::query("SELECT name FROM pragma_table_info('podstream_ti_pod') ORDER BY cid")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+    assert!(!columns.is_empty(), "the sink made no podstream_ti_pod");
+    json!({
+        "about": "What podstream-airflow relies on of podstream (docs/contract.md), made from the Rust definitions by tests/tests/podstream_airflow.rs; PODSTREAM_UPDATE_AIRFLOW_SCHEMA=1 rewrites it.",
+        "subject_prefix": DEFAULT_PREFIX,
+        "commands_filters": owners.iter().map(|owner| json!({
+            "owner": owner, "filter": subjects.commands_filter(Some(owner)),
+        })).collect::<Vec<_>>(),
+        "tokens": values.iter().map(|value| json!({
+            "value": value, "token": encode_token(value), "key_token": encode_key_token(value),
+        })).collect::<Vec<_>>(),
+        "sink_consumer": podstream_sink::service::DEFAULT_CONSUMER,
+        "task_failures_metadata": podstream_sink::service::TASK_FAILURES_METADATA,
+        "task_failures_executor": podstream_sink::guard::TaskFailures::Executor.name(),
+        "inbox_prefixes": {
+            "podstream-airflow": podstream_bus::connect::inbox_prefix("podstream-airflow"),
+            "podstream-spark": podstream_bus::connect::inbox_prefix("podstream-spark"),
+        },
+        "spark_bucket": podstream_processor::spark::service::DEFAULT_SPARK_BUCKET,
+        "spark_job": {
+            "namespace": job.namespace, "dag_id": job.dag_id, "task_id": job.task_id,
+            "run_id": job.run_id, "map_index": job.map_index, "key": job.kv_key(),
+        },
+        "signature": {
+            "annotation": SIGNATURE_ANNOTATION,
+            "key": key,
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "annotations": {
+                "dag_id": task.dag_id, "task_id": task.task_id, "run_id": task.run_id,
+                "map_index": task.map_index.to_string(), "try_number": task.try_number.to_string(),
+            },
+            "signed_text": signed_text(&pod, &task),
+            "value": signer.sign(&pod, &task),
+        },
+        "ti_pod": {
+            "table": "podstream_ti_pod",
+            "columns": columns,
+            "live_commands": podstream_sink::guard::LIVE_POD_COMMANDS,
+        },
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_package_ships_podstreams_own_contract() {
+    let path = workspace_root().join(SHIPPED_CONTRACT);
+    let made = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&contract().await).unwrap()
     );
-    assert!(config.contains(&default), "config.py lacks {default}");
+    if std::env::var_os(UPDATE).is_some() {
+        std::fs::write(&path, &made).unwrap();
+    }
+    let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        shipped == made,
+        "{SHIPPED_CONTRACT} differs from what the Rust definitions say; \
+         rewrite it with {UPDATE}=1 cargo test -p podstream-tests --test podstream_airflow, \
+         then make the package agree (its tests/test_contract.py)"
+    );
 }
 
 /// The package passes ruff (errors, import order, likely bugs) and mypy, in the newest Airflow

@@ -33,6 +33,8 @@ FETCH_BATCH = 100
 #: The consumer metadata key in which podstream's sink says who fails task instances
 #: (``sink`` or ``executor``); executors write ``executor`` in their own.
 TASK_FAILURES_METADATA = "podstream.task_failures"
+#: What this executor's consumers say there (the sink's ``TaskFailures::Executor``).
+TASK_FAILURES_EXECUTOR = "executor"
 #: An executor's consumer outlives its scheduler job by this much, then NATS removes it.
 INACTIVE_THRESHOLD_SECONDS = 24 * 3600.0
 
@@ -148,7 +150,7 @@ class CommandConsumer:
                         ack_wait=self.config.ack_wait_seconds,
                         max_ack_pending=INBOX_LIMIT * 2,
                         inactive_threshold=INACTIVE_THRESHOLD_SECONDS,
-                        metadata={TASK_FAILURES_METADATA: "executor"},
+                        metadata={TASK_FAILURES_METADATA: TASK_FAILURES_EXECUTOR},
                     ),
                 )
                 self.connected.set()
@@ -195,7 +197,7 @@ class CommandConsumer:
         except nats.js.errors.NotFoundError:
             return None
         theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
-        if theirs not in (None, "executor"):
+        if theirs not in (None, TASK_FAILURES_EXECUTOR):
             return (
                 f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
                 "and this PodstreamKubernetesExecutor fails task instances itself: a failure "

@@ -276,6 +276,9 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
 
 #: The commands after which podstream's record says a TI's pod is alive.
 ALIVE_AFTER = ("running", "transfer")
+#: The sink's table of each TI's pod, and the columns adoption reads of it.
+TI_POD_TABLE = "podstream_ti_pod"
+TI_POD_COLUMNS = ("dag_id", "task_id", "run_id", "map_index", "try_number", "pod_namespace", "pod_name")
 
 
 def live_pods(tis: Sequence[Any]) -> list:
@@ -286,8 +289,8 @@ def live_pods(tis: Sequence[Any]) -> list:
         return []
     dag_ids = sorted({key[0] for key in wanted})
     statement = text(
-        "SELECT dag_id, task_id, run_id, map_index, try_number, pod_namespace, pod_name "
-        "FROM podstream_ti_pod WHERE last_command IN :alive AND dag_id IN :dag_ids"
+        f"SELECT {', '.join(TI_POD_COLUMNS)} "
+        f"FROM {TI_POD_TABLE} WHERE last_command IN :alive AND dag_id IN :dag_ids"
     ).bindparams(bindparam("alive", expanding=True), bindparam("dag_ids", expanding=True))
     try:
         # A connection of its own: the scheduler's session holds the TIs being adopted, and
