@@ -43,6 +43,9 @@ def test_the_spark_operator_reads_the_processors_bucket_and_key():
     labels = {key: job[key] for key in ("dag_id", "task_id", "run_id")}
     labels["map_index"] = str(job["map_index"])
     assert spark.job_key(job["namespace"], labels) == job["key"]
+    chosen = spark.chosen_of(job["key"], job["record"].encode())
+    assert chosen is not None
+    assert (chosen["pod"]["name"], chosen["basis"]) == (job["chosen_name"], job["chosen_basis"])
 
 
 def test_pods_are_signed_as_the_processor_checks():

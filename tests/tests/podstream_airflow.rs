@@ -59,6 +59,16 @@ async fn contract() -> serde_json::Value {
         run_id: "manual__2026-12-06T10:00:00+00:00".into(),
         map_index: 2,
     };
+    let mut record = podstream_processor::spark::JobRecord::default();
+    record.chosen = Some(podstream_processor::spark::Chosen {
+        pod: podstream_proto::PodRef {
+            namespace: "airflow".into(),
+            name: "submit-job-driver".into(),
+            uid: "0b6d2c1e-5f0a-4c7e-9d35-7f1b2a4c6e80".into(),
+        },
+        basis: "spark_application".into(),
+        others: Vec::new(),
+    });
     let key = "k".repeat(32);
     let pod = podstream_proto::PodRef {
         namespace: "airflow".into(),
@@ -107,6 +117,9 @@ async fn contract() -> serde_json::Value {
         "spark_job": {
             "namespace": job.namespace, "dag_id": job.dag_id, "task_id": job.task_id,
             "run_id": job.run_id, "map_index": job.map_index, "key": job.kv_key(),
+            "record": serde_json::to_string(&record).unwrap(),
+            "chosen_name": "submit-job-driver",
+            "chosen_basis": "spark_application",
         },
         "signature": {
             "annotation": SIGNATURE_ANNOTATION,

@@ -73,8 +73,12 @@ def chosen_driver(config: PodstreamConfig, key: str) -> Optional[dict]:
         except Exception as error:  # noqa: BLE001 - no answer: the stock lookup decides
             log.info("podstream: no answer for %s from %s (%s: %s)", key, config.servers_for_log(), type(error).__name__, error)
             return None
-    if not value:
-        return None
+    return chosen_of(key, value) if value else None
+
+
+def chosen_of(key: str, value: bytes) -> Optional[dict]:
+    """The ``chosen`` of the job record ``value`` (the processor's ``JobRecord`` as JSON), or
+    ``None`` when it names no pod or is not a record podstream writes (logged)."""
     try:
         chosen = json.loads(value).get("chosen")
     except (ValueError, AttributeError) as error:
