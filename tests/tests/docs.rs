@@ -33,19 +33,23 @@ fn files(dir: &Path, endings: &[&str], found: &mut Vec<PathBuf>) {
     }
 }
 
+/// The lines of a Markdown text outside its fenced blocks.
+fn unfenced_lines(markdown: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    markdown.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The targets of the inline links `[text](target)` of a Markdown text, code spans and
 /// fenced blocks left out.
 fn link_targets(markdown: &str) -> Vec<String> {
     let mut targets = Vec::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in unfenced_lines(markdown) {
         // Code spans may hold `](` that is no link.
         let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
         let mut rest = prose.as_str();
@@ -139,15 +143,7 @@ fn nothing_points_to_the_design_folder_outside_the_clone() {
 /// names, an optional `:line` dropped.
 fn repository_paths(markdown: &str, root: &Path) -> Vec<String> {
     let mut paths = Vec::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in unfenced_lines(markdown) {
         for span in line.split('`').skip(1).step_by(2) {
             let path = span.split(':').next().unwrap_or_default().trim();
             let named = path.contains('/')
