@@ -191,13 +191,13 @@ impl MemoryStore {
     }
 }
 
-/// `key` without the UUID its pod named: the key a record is stored under.
 /// Logs an event whose pod is foreign for want of a valid signature, as every shell does.
 pub(crate) fn warn_unsigned(event: &PodEvent, pod: &PodRef, key: &TaskKey, reason: Unsigned) {
     warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason = reason.name(),
         "pod without a valid signature: foreign, it drives nothing");
 }
 
+/// `key` without the UUID its pod named: the key a record is stored under.
 fn record_key(key: &TaskKey) -> TaskKey {
     TaskKey {
         task_instance_id: String::new(),

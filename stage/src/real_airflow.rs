@@ -460,6 +460,18 @@ impl RealAirflow {
         }
     }
 
+    /// `default_pool`'s slots now.
+    ///
+    /// # Panics
+    /// When the database has no `default_pool` (Airflow's migrations make it).
+    pub fn default_pool_slots(&self) -> u32 {
+        self.query("SELECT slots FROM slot_pool WHERE pool = 'default_pool'")
+            .into_iter()
+            .flatten()
+            .find_map(|slots| slots.parse().ok())
+            .unwrap_or_else(|| panic!("no default_pool in Airflow's database"))
+    }
+
     /// Sets `default_pool`'s slots: at 0 a scheduler queues no task (it stays `scheduled`),
     /// so a story can act before any task's pod exists, however loaded the machine.
     pub fn set_default_pool_slots(&self, slots: u32) {
@@ -580,6 +592,15 @@ impl RealAirflow {
     /// What `podstream run` has logged so far; empty with the stock executor.
     pub fn podstream_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("podstream-run.log")).unwrap_or_default()
+    }
+
+    /// How many lines of `podstream run`'s log warn that pod `name` has no valid signature
+    /// (the processor logs one per event of a foreign pod).
+    pub fn unsigned_warnings(&self, name: &str) -> usize {
+        self.podstream_log()
+            .lines()
+            .filter(|line| line.contains("without a valid signature") && line.contains(name))
+            .count()
     }
 
     /// The URL of the nats-server podstream runs on, its token as user info (for

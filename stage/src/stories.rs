@@ -204,16 +204,23 @@ pub fn story_ti(real: &RealAirflow) -> Option<(String, String, String)> {
     })
 }
 
-/// The phase of the story task's pod for try `try_number`, if it is there.
-pub fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
+/// The story task's own pods for try `try_number` (never a copy a story made), as listed.
+pub fn own_pods(real: &RealAirflow, try_number: &str) -> Vec<Value> {
     real.pods()
         .into_iter()
-        .find(|pod| {
+        .filter(|pod| {
             let annotations = &pod["metadata"]["annotations"];
             annotations["task_id"] == "works"
                 && annotations["try_number"] == try_number
                 && !is_planted_copy(pod)
         })
+        .collect()
+}
+
+/// The phase of the story task's pod for try `try_number`, if it is there.
+pub fn pod_phase(real: &RealAirflow, try_number: &str) -> Option<String> {
+    own_pods(real, try_number)
+        .first()
         .and_then(|pod| pod["status"]["phase"].as_str().map(str::to_owned))
 }
 
@@ -302,14 +309,11 @@ fn act_once(
     let not_played =
         |why: String| format!("{}: {why}", heading(airflow, executor, story, "not played"));
     match story {
-        Story::CopyFirst => {
-            // No task is queued until the copy has ended: the real pod cannot come first.
-            real.set_default_pool_slots(0);
-            real.start_components();
-            plant_a_copy_that_succeeds(&mut real).map_err(not_played)?;
-            real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
-        }
+        // The real pod cannot come first: no task is queued until the copy has ended.
+        Story::CopyFirst => start_with_nothing_queued_until(&mut real, plant_a_copy_that_succeeds)
+            .map_err(not_played)?,
         Story::PendingCopy => {
+            start_with_nothing_queued_until(&mut real, fill_the_node).map_err(not_played)?;
             // The act is over before the first try runs.
             fail_a_copy_while_the_pod_waits(&mut real).map_err(not_played)?;
             return Ok(real);
@@ -528,13 +532,9 @@ fn end_the_pod_while_down(real: &mut RealAirflow, ending: PodEnding) -> Result<(
         panic!("no scheduler to kill");
     };
     real.signal(first, Signal::SIGKILL);
-    let tell = |what: &str| {
-        std::fs::write(real.endings.join("1"), what).unwrap_or_else(|e| panic!("{e}"));
-        real.note(format!("told try 1 to {what}"));
-    };
     match ending {
-        PodEnding::Dies => tell("die"),
-        PodEnding::Succeeds => tell("succeed"),
+        PodEnding::Dies => tell(real, "1", "die"),
+        PodEnding::Succeeds => tell(real, "1", "succeed"),
         PodEnding::Deleted => {
             let Some(pod) = first_pod(real) else {
                 return Err("the task's pod is not there".to_owned());
@@ -550,9 +550,16 @@ fn end_the_pod_while_down(real: &mut RealAirflow, ending: PodEnding) -> Result<(
     });
     // A second try, where the story leads to one, has nothing left to show: it succeeds as
     // soon as it runs.
-    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    tell(real, "2", "succeed");
     real.start_component("scheduler");
     Ok(())
+}
+
+/// Tells try `try_number` of the story task how to end (`succeed` or `die`, read by the story
+/// DAG from the endings folder), and notes it on the timeline.
+fn tell(real: &RealAirflow, try_number: &str, ending: &str) {
+    std::fs::write(real.endings.join(try_number), ending).unwrap_or_else(|e| panic!("{e}"));
+    real.note(format!("told try {try_number} to {ending}"));
 }
 
 /// The file by which the stage asks podstream's executor to hold its scheduler loop after
@@ -563,8 +570,8 @@ const HOLD: &str = "hold";
 const TAKEN: &str = "taken";
 
 /// (h) The first pod dies while its scheduler runs. With podstream's executor the scheduler
-/// is held (the stories' executor's hold) right after the executor took the failure and before the loop
-/// committed it, and killed -9 there; with the stock executor, killed -9 as soon as the pod
+/// is held (the stories' executor's hold) right after the executor took the failure and
+/// before the loop committed it, and killed -9 there; with the stock executor, killed -9 as soon as the pod
 /// has failed. Then a new scheduler starts.
 fn kill_after_taking_the_failure(real: &mut RealAirflow) -> Result<(), String> {
     let Some(first) = real.component("scheduler") else {
@@ -574,8 +581,7 @@ fn kill_after_taking_the_failure(real: &mut RealAirflow) -> Result<(), String> {
     if podstream {
         std::fs::write(real.endings.join(HOLD), "").unwrap_or_else(|e| panic!("{e}"));
     }
-    std::fs::write(real.endings.join("1"), "die").unwrap_or_else(|e| panic!("{e}"));
-    real.note("told try 1 to die");
+    tell(real, "1", "die");
     if podstream {
         real.wait_until("the executor to take the failure", WAIT, |r| {
             r.endings.join(TAKEN).exists()
@@ -585,7 +591,7 @@ fn kill_after_taking_the_failure(real: &mut RealAirflow) -> Result<(), String> {
         real.wait_until("the task's first pod to end", WAIT, first_pod_ended);
     }
     real.signal(first, Signal::SIGKILL);
-    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    tell(real, "2", "succeed");
     real.start_component("scheduler");
     Ok(())
 }
@@ -626,9 +632,6 @@ fn first_pod(real: &RealAirflow) -> Option<Value> {
         .into_iter()
         .find(|p| p["metadata"]["annotations"]["task_id"] == "works" && !is_planted_copy(p))
 }
-
-/// `default_pool`'s slots as Airflow's migrations make it.
-const DEFAULT_POOL_SLOTS: u32 = 128;
 
 /// The name of [`Story::CopyFirst`]'s copy.
 pub const PLANTED_COPY: &str = "podstream-story-works-planted-copy";
@@ -688,14 +691,23 @@ fn plant_a_copy_that_succeeds(real: &mut RealAirflow) -> Result<(), String> {
     Ok(())
 }
 
-/// (k) Fills the node (its one pod slot) before any task is queued, waits for the task's pod
-/// to wait Pending, then makes a copy of it (another name, so a signature that does not fit)
-/// that stays Pending on another node with a container unable to pull and another ended with
-/// `Error`. Once podstream (or the stock watcher) has had it, try 1 is told to succeed and the
-/// node is freed.
-fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String> {
+/// Starts Airflow's components with `default_pool` at 0 slots, so that no task is queued (it
+/// stays `scheduled`) until `before` has played, however loaded the machine; then gives the
+/// pool its slots back.
+fn start_with_nothing_queued_until(
+    real: &mut RealAirflow,
+    before: impl FnOnce(&mut RealAirflow) -> Result<(), String>,
+) -> Result<(), String> {
+    let slots = real.default_pool_slots();
     real.set_default_pool_slots(0);
     real.start_components();
+    let played = before(real);
+    real.set_default_pool_slots(slots);
+    played
+}
+
+/// (k) Fills the node's one pod slot with a pod of the stage's, so the task's pod will wait.
+fn fill_the_node(real: &mut RealAirflow) -> Result<(), String> {
     real.create_pod(&json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -710,7 +722,14 @@ fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String>
             .iter()
             .any(|p| p["metadata"]["name"] == NODE_FILLER && p["status"]["phase"] == "Running")
     });
-    real.set_default_pool_slots(DEFAULT_POOL_SLOTS);
+    Ok(())
+}
+
+/// (k) On a full node, waits for the task's pod to wait Pending, then makes a copy of it
+/// (another name, so a signature that does not fit) that stays Pending on another node with a
+/// container unable to pull and another ended with `Error`. Once podstream (or the stock
+/// watcher) has had it, try 1 is told to succeed and the node is freed.
+fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String> {
     real.wait_until("the task's pod to wait", WAIT, |r| first_pod(r).is_some());
     let Some(original) = first_pod(real) else {
         return Err("the task's pod went away".to_owned());
@@ -746,11 +765,7 @@ fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String>
     if real.executor == Executor::Podstream {
         // One warning for the copy's creation, one for its failed container.
         real.wait_until("podstream to have the copy's failure", WAIT, |r| {
-            r.podstream_log()
-                .lines()
-                .filter(|l| l.contains("without a valid signature") && l.contains(PENDING_COPY))
-                .count()
-                >= 2
+            r.unsigned_warnings(PENDING_COPY) >= 2
         });
     } else {
         std::thread::sleep(Duration::from_secs(10));
@@ -759,16 +774,15 @@ fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String>
         Some((_, state, _)) => real.note(format!("with the copy failed, the task is {state}")),
         None => real.note("with the copy failed, there is no task instance"),
     }
-    std::fs::write(real.endings.join("1"), "succeed").unwrap_or_else(|e| panic!("{e}"));
+    tell(real, "1", "succeed");
     real.delete_pod("airflow", NODE_FILLER);
     Ok(())
 }
 
 /// (j) The real pod dies while its scheduler runs; the retry succeeds.
 fn tell_the_first_try_to_die(real: &RealAirflow) {
-    std::fs::write(real.endings.join("2"), "succeed").unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(real.endings.join("1"), "die").unwrap_or_else(|e| panic!("{e}"));
-    real.note("told try 1 to die");
+    tell(real, "2", "succeed");
+    tell(real, "1", "die");
 }
 
 /// The same pod again under another name (as a relaunch after a reset would make it), whose

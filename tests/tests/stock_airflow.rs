@@ -13,8 +13,7 @@
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
 use podstream_tests::stories::{
-    PENDING_COPY, SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, play, play_act, pod_phase,
-    story_ti,
+    SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, own_pods, play, play_act, pod_phase, story_ti,
 };
 
 /// Plays `story` with the stock executor, prints its timeline, and checks that the run
@@ -202,15 +201,5 @@ fn stock_airflow_3_1_pending_copy() {
         "{}",
         real.timeline()
     );
-    let launched = real
-        .pods()
-        .iter()
-        .filter(|pod| {
-            let annotations = &pod["metadata"]["annotations"];
-            annotations["task_id"] == "works"
-                && annotations["try_number"] == "1"
-                && pod["metadata"]["name"] != PENDING_COPY
-        })
-        .count();
-    assert_eq!(launched, 2, "{}", real.timeline());
+    assert_eq!(own_pods(&real, "1").len(), 2, "{}", real.timeline());
 }
