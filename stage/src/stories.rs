@@ -205,7 +205,7 @@ pub fn story_ti(real: &RealAirflow) -> Option<(String, String, String)> {
 }
 
 /// The story task's own pods for try `try_number` (never a copy a story made), as listed.
-pub fn own_pods(real: &RealAirflow, try_number: &str) -> Vec<Value> {
+fn own_pods(real: &RealAirflow, try_number: &str) -> Vec<Value> {
     real.pods()
         .into_iter()
         .filter(|pod| {

@@ -13,7 +13,8 @@
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Executor, RealAirflow};
 use podstream_tests::stories::{
-    SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, own_pods, play, play_act, pod_phase, story_ti,
+    PENDING_COPY, SUCCESS_ON_THE_FIRST_TRY, Story, WAIT, heading, play, play_act, pod_phase,
+    story_ti,
 };
 
 /// Plays `story` with the stock executor, prints its timeline, and checks that the run
@@ -162,7 +163,12 @@ fn stock_airflow_3_1_pod_deleted_while_down() {
 /// watcher reports again at every watch restart, no longer fails it: try 1 stays `running`
 /// until Airflow's task heartbeat timeout (docs/stock-airflow.md, story j). With podstream's
 /// signed pods the same failure fails try 1 within seconds (`podstream_airflow_3_1_copy_first`).
+///
+/// Not in the suite: whether stock Airflow mutes depends on whether its executor takes the
+/// copy's success before or after it queued the task, a race the stage does not decide (one
+/// play on a loaded machine saw the real failure fail try 1 as usual).
 #[test]
+#[ignore = "stock Airflow's outcome here is a race: --include-ignored (docs/stock-airflow.md)"]
 fn stock_airflow_3_1_copy_first() {
     let airflow = Airflow::line("3.1");
     let real = play_act(airflow, Executor::Stock, Story::CopyFirst);
@@ -188,9 +194,9 @@ fn stock_airflow_3_1_copy_first() {
 
 /// Trust, the pair of podstream's story (k): a copy of the waiting task's pod, Pending with a
 /// container unable to pull, fails nothing on stock Airflow 3.1 either, but its executor
-/// launches try 1 a second time: two pods of the task's own for one try, the second left
-/// Pending behind the first (docs/stock-airflow.md, story k). Ignored in the suite (it says
-/// nothing podstream's story does not), played with the whole matrix.
+/// launches try 1 a second time: two pods of the task's own for one try, the second waiting
+/// behind the first (docs/stock-airflow.md, story k). Ignored in the suite (it says nothing
+/// podstream's story does not), played with the whole matrix.
 #[test]
 #[ignore = "the whole matrix: --include-ignored (docs/stock-airflow.md)"]
 fn stock_airflow_3_1_pending_copy() {
@@ -201,5 +207,13 @@ fn stock_airflow_3_1_pending_copy() {
         "{}",
         real.timeline()
     );
-    assert_eq!(own_pods(&real, "1").len(), 2, "{}", real.timeline());
+    // Counted as the timeline saw them come: the first may already be deleted, its task done.
+    let timeline = real.timeline();
+    let launched: std::collections::BTreeSet<&str> = timeline
+        .lines()
+        .filter_map(|line| line.split_once(" pod ")?.1.split_once(": ADDED"))
+        .map(|(name, _)| name)
+        .filter(|name| name.starts_with("podstream-story-works-") && *name != PENDING_COPY)
+        .collect();
+    assert_eq!(launched.len(), 2, "{timeline}");
 }
