@@ -37,8 +37,14 @@ impl Backoff {
 
     /// Sleeps for the current delay, then moves to the next one.
     pub async fn wait(&mut self) {
-        tokio::time::sleep(self.next).await;
+        tokio::time::sleep(self.step()).await;
+    }
+
+    /// The current delay, moving to the next one: for a caller that waits in its own way.
+    pub fn step(&mut self) -> Duration {
+        let now = self.next;
         self.next = self.delays.next().unwrap_or(self.max);
+        now
     }
 }
 

@@ -13,6 +13,10 @@
 //!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
 //! - [`history`]: a stream's stored messages read in order by batched direct gets, with no
 //!   consumer, for `replay` and other read-only users.
+//! - [`consume`]: the one consumer loop every stage runs: pull with a bound, hold, decode
+//!   or dead-letter, hand over to the stage's handler, pull again after a failure, drain on
+//!   stop.
+//! - [`pinned`]: a consumer pinned to one instance at a time, bound and let go.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
 //! - [`health`]: the readiness conditions a component declares and flips.
@@ -21,12 +25,14 @@
 pub mod backoff;
 pub mod config;
 pub mod connect;
+pub mod consume;
 pub mod dead;
 pub mod health;
 pub mod history;
 pub mod in_flight;
 pub mod local_server;
 pub mod metrics;
+pub mod pinned;
 pub mod role;
 pub mod start;
 pub mod streams;

@@ -11,10 +11,10 @@
 //! - [`processor`]: [`Processor`], the in-process shell, and [`StateStore`]: where its task
 //!   records live ([`MemoryStore`]).
 //! - [`record_cache`]: the records this instance wrote last, with their KV revisions.
-//! - [`service`]: `podstream process`, the loop that feeds the core from JetStream (start-up,
-//!   the consumer loop, deciding a TI's events); [`task_lanes`]: which events of which TI it
-//!   decides next; [`pinned`]: one instance per consumer; [`publish`](mod@publish): commands
-//!   onto JetStream; [`stats`]: what it did.
+//! - [`service`]: `podstream process`, what feeds the core from JetStream (start-up, its
+//!   handler for the bus's consumer loop, deciding a TI's events); [`task_lanes`]: which
+//!   events of which TI it decides next; [`publish`](mod@publish): commands onto JetStream;
+//!   [`stats`]: what it did.
 //! - [`spark`]: which Spark driver pod drives a job (its SparkApplication's word, else
 //!   `find_spark_job`'s order), and the records it keeps; [`spark::service`]: their consumer
 //!   and KV bucket (`--spark`).
@@ -23,7 +23,6 @@ pub mod command;
 pub mod decide;
 pub mod duplicates;
 pub mod order;
-pub mod pinned;
 pub mod processor;
 pub mod publish;
 pub mod record;

@@ -133,7 +133,7 @@ pub async fn run(
         .map(|consumer| worker.run_consumer(consumer, &config, stopped.clone()));
     let spark_loop = async {
         match &started.spark {
-            Some(spark) => spark.run(config.failover, stopped.clone()).await,
+            Some(spark) => spark.run(stopped.clone()).await,
             None => ProcessStats::default(),
         }
     };

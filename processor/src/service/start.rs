@@ -3,13 +3,14 @@
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::PullConsumer, kv, stream};
+use podstream_bus::consume::Pulling;
 use podstream_bus::in_flight::InFlight;
+use podstream_bus::pinned::{self, Pinned};
 use podstream_bus::{OnTheBus, streams};
 use podstream_proto::subject::{Stream, encode_token};
 
 use super::ProcessConfig;
 use super::worker::Worker;
-use crate::pinned::{self, Pinned};
 use crate::record_cache::RecordCache;
 use crate::spark::service::SparkConsumer;
 
@@ -25,7 +26,10 @@ pub(super) struct Started {
 
 /// Connects, makes the streams and the bucket ready and binds the consumers.
 pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
-    let wanted = [Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
+    let mut wanted = vec![Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
+    if config.spark_bucket.is_some() {
+        wanted.push(Stream::Spark);
+    }
     let OnTheBus {
         js,
         subjects,
@@ -56,8 +60,9 @@ pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
         };
         consumers.push(pinned::bind(&pods, wanted).await?);
     }
-    let spark = match &config.spark_bucket {
-        Some(bucket) => {
+    let in_flight = InFlight::start(js.client(), config.ack_wait);
+    let spark = match (&config.spark_bucket, ready.get(3)) {
+        (Some(bucket), Some(spark)) => {
             let name = format!("{}-spark", config.consumer);
             let wanted = Pinned {
                 name: &name,
@@ -66,15 +71,24 @@ pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
                 failover: config.failover,
                 max_ack_pending: 0,
             };
-            let health = config.health.clone();
-            let spark =
-                SparkConsumer::start(&js, &subjects, &config.bus.streams, bucket, wanted, health);
+            let spark = SparkConsumer::start(
+                &js,
+                &subjects,
+                spark,
+                bucket,
+                wanted,
+                Pulling {
+                    batch_size: config.batch_size,
+                    in_flight: in_flight.clone(),
+                    health: config.health.clone(),
+                },
+            );
             Some(spark.await?)
         }
-        None => None,
+        _ => None,
     };
     let worker = Worker {
-        in_flight: InFlight::start(js.client(), config.ack_wait),
+        in_flight,
         js,
         pods,
         records,

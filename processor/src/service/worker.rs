@@ -6,30 +6,31 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
+use podstream_bus::consume::{DeadLetters, Delivery, ack, dead_letter};
 use podstream_bus::dead;
-use podstream_bus::in_flight::{Held, InFlight};
+use podstream_bus::in_flight::InFlight;
 use podstream_bus::{Backoff, Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::signature::Unsigned;
-use podstream_proto::subject::Subjects;
+use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::Command;
 use prost::Message as _;
 use tracing::{debug, warn};
 
-use super::consume::ack;
 use crate::decide::identity;
 use crate::record::TaskRecord;
 use crate::record_cache::{Cached, RecordCache};
 use crate::rules::{Ignored, Outcome, Rules};
 use crate::stats::ProcessStats;
 
-/// A pod event taken off the consumer.
-pub(super) struct Delivery {
-    pub message: Held,
-    pub sequence: u64,
+/// A pod event and the key of its task instance's record.
+pub(super) struct PodItem {
     pub event: PodEvent,
     pub key: String,
 }
+
+/// A pod event taken off the consumer.
+pub(super) type PodDelivery = Delivery<PodItem>;
 
 /// What every consumer loop shares.
 pub(super) struct Worker {
@@ -81,9 +82,22 @@ enum Retry {
 }
 
 impl Worker {
+    /// Where the processor's dead letters go.
+    pub(super) fn dead_letters(&self) -> DeadLetters {
+        DeadLetters {
+            js: self.js.clone(),
+            subjects: self.subjects.clone(),
+            stage: Stage::Processor,
+        }
+    }
+
     /// Decides a group of one TI's events, in order and with one record write, retrying the
     /// group until it is done; then acks its events. Returns the TI's key with what it did.
-    pub(super) async fn group(&self, key: String, group: Vec<Delivery>) -> (String, ProcessStats) {
+    pub(super) async fn group(
+        &self,
+        key: String,
+        group: Vec<PodDelivery>,
+    ) -> (String, ProcessStats) {
         let mut stats = ProcessStats::default();
         let mut known = self.cache.take(&key).map(Known::Cached);
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
@@ -97,7 +111,7 @@ impl Worker {
                     }
                     for (at, reason) in unsigned {
                         if let Some(delivery) = group.get(at) {
-                            report_unsigned(&delivery.event, reason);
+                            report_unsigned(&delivery.item.event, reason);
                         }
                     }
                     metrics::counter!(podstream_bus::metrics::PROCESSOR_EVENTS_DECIDED)
@@ -110,7 +124,8 @@ impl Worker {
                     let reason = error.to_string();
                     warn!(ti = %key, events = group.len(), %reason, "task record too large");
                     for delivery in &group {
-                        self.dead_letter(&delivery.message, delivery.sequence, reason.clone())
+                        let to = self.dead_letters();
+                        dead_letter(&to, &delivery.message, delivery.sequence, reason.clone())
                             .await;
                     }
                     stats.dead_lettered += group.len() as u64;
@@ -140,7 +155,7 @@ impl Worker {
     async fn decide(
         &self,
         key: &str,
-        group: &[Delivery],
+        group: &[PodDelivery],
         known: &mut Option<Known>,
         stats: &mut ProcessStats,
     ) -> Result<Decided, Retry> {
@@ -152,7 +167,7 @@ impl Worker {
                 Some(Known::Cached(Cached { record, revision })) => (record, revision, false),
                 // A pod the ingest says is new nearly always means a new TI: try creating its
                 // record, and read it only when that write finds one.
-                None if first.event.previous_sequence == Some(0) => {
+                None if first.item.event.previous_sequence == Some(0) => {
                     (TaskRecord::default(), 0, false)
                 }
                 None | Some(Known::Unsure) => {
@@ -169,7 +184,7 @@ impl Worker {
             let mut unsigned = Vec::new();
             let mut changed = false;
             for (at, delivery) in group.iter().enumerate() {
-                let uid = identity(&delivery.event)
+                let uid = identity(&delivery.item.event)
                     .map(|(pod, _)| pod.uid.as_str())
                     .unwrap_or_default();
                 let last = record.last_sequence(uid);
@@ -180,7 +195,7 @@ impl Worker {
                 changed = true;
                 // Where the ingest says the pod's previous event is, and the record has decided
                 // it: nothing earlier can be pending.
-                let vouched = delivery.event.previous_sequence == Some(last);
+                let vouched = delivery.item.event.previous_sequence == Some(last);
                 let earlier = if vouched {
                     Vec::new()
                 } else {
@@ -196,7 +211,7 @@ impl Worker {
                     }
                 }
                 let (more, outcome) = record
-                    .apply_noting(&self.rules, &delivery.event, delivery.sequence)
+                    .apply_noting(&self.rules, &delivery.item.event, delivery.sequence)
                     .unwrap_or_default();
                 if let Some(Outcome::Ignored(Ignored::Unsigned(reason))) = outcome {
                     unsigned.push((at, reason));

@@ -14,13 +14,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, kv, stream};
+use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
-use futures::StreamExt;
-use podstream_bus::dead::{self, DeadLetter};
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use podstream_bus::consume::{
+    ConsumerLoop, DeadLetters, Decoded, Delivery, Handler, HandlerStopped, Pulling, Sharing, ack,
+};
+use podstream_bus::pinned::{self, Pinned};
 use podstream_bus::streams;
-use podstream_bus::{Backoff, Condition, Health, StreamSettings};
-use podstream_proto::subject::{Stage, Stream, Subjects};
+use podstream_bus::{Backoff, Condition, Health};
+use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkApplication, SparkDriver, SparkEvent};
 use prost::Message as _;
@@ -29,7 +33,6 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use super::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
-use crate::pinned::{self, PRIORITY_GROUP, Pinned};
 use crate::publish::publish;
 use crate::stats::ProcessStats;
 
@@ -51,69 +54,124 @@ enum Retry {
     Publish(String),
 }
 
-/// The Spark consumer: its stream, its pinned consumer and what deciding needs. The one seam
-/// between the processor's service and Spark: [`SparkConsumer::start`] and
-/// [`SparkConsumer::run`].
+/// The Spark consumer: the bus's consumer loop on its pinned consumer, and what deciding
+/// needs. The one seam between the processor's service and Spark: [`SparkConsumer::start`]
+/// and [`SparkConsumer::run`].
 pub struct SparkConsumer {
-    stream: jetstream::stream::Stream,
-    consumer: jetstream::consumer::PullConsumer,
+    consumer: ConsumerLoop,
     worker: SparkWorker,
 }
 
 impl SparkConsumer {
-    /// The Spark stream made ready (`settings`), its bucket of records opened and the pinned
-    /// consumer `pinned` bound.
+    /// The bucket of records opened beside the Spark stream `spark` (made ready by the
+    /// processor's start) and the pinned consumer `pinned` bound, pulled as `pulling` says.
     pub async fn start(
         js: &jetstream::Context,
         subjects: &Subjects,
-        settings: &StreamSettings,
+        spark: &stream::Config,
         bucket: &str,
         pinned: Pinned<'_>,
-        health: Health,
+        pulling: Pulling,
     ) -> anyhow::Result<SparkConsumer> {
-        let wanted = streams::stream_config(subjects, Stream::Spark, settings);
-        let spark = streams::ensure(js, wanted).await?;
-        let records = open_spark_bucket(js, bucket, &spark).await?;
+        let records = open_spark_bucket(js, bucket, spark).await?;
         let stream = streams::while_unavailable(&spark.name, || js.get_stream(&spark.name))
             .await
             .map_err(|error| anyhow::anyhow!("opening the Spark stream: {error}"))?;
+        let failover = pinned.failover;
         let consumer = pinned::bind(&stream, pinned).await?;
+        let dead = DeadLetters {
+            js: js.clone(),
+            subjects: subjects.clone(),
+            stage: Stage::Processor,
+        };
         let worker = SparkWorker {
             js: js.clone(),
             subjects: subjects.clone(),
             records,
-            health,
+            health: pulling.health.clone(),
         };
         Ok(SparkConsumer {
-            stream,
-            consumer,
+            consumer: ConsumerLoop {
+                consumer,
+                sharing: Sharing::Pinned {
+                    stream: Box::new(stream),
+                    failover,
+                },
+                pulling,
+                dead,
+            },
             worker,
         })
     }
 
-    /// Pulls until `stopped`, pulling again after a failure, then lets the pin go.
-    pub async fn run(
-        &self,
-        failover: Duration,
-        stopped: tokio::sync::watch::Receiver<bool>,
-    ) -> ProcessStats {
-        let mut stats = ProcessStats::default();
-        let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
-        while !*stopped.borrow() {
-            match self
-                .worker
-                .consume(&self.consumer, failover, stopped.clone(), &mut stats)
-                .await
-            {
-                Ok(()) => break,
-                Err(error) => {
-                    warn!(%error, "pulling Spark events failed; retrying");
-                    backoff.wait().await;
-                }
-            }
+    /// Runs the consumer loop until `stopped`, then lets the pin go.
+    pub async fn run(&self, stopped: tokio::sync::watch::Receiver<bool>) -> ProcessStats {
+        let mut handler = SparkHandler {
+            worker: &self.worker,
+            running: None,
+            stats: ProcessStats::default(),
+        };
+        match self.consumer.run(&mut handler, stopped).await {
+            Ok(consumed) => handler.stats.dead_lettered += consumed.dead_lettered,
+            Err(error) => warn!(%error, "the Spark consumer stopped"),
         }
-        pinned::release(&self.stream, &self.consumer).await;
-        stats
+        handler.stats
+    }
+}
+
+/// Decides Spark events one at a time, in stream order: Spark objects are few, and a job's
+/// records then change in stream order.
+struct SparkHandler<'w> {
+    worker: &'w SparkWorker,
+    /// The events taken last, being decided in order.
+    running: Option<BoxFuture<'w, ProcessStats>>,
+    stats: ProcessStats,
+}
+
+impl<'w> Handler for SparkHandler<'w> {
+    type Item = SparkEvent;
+
+    fn decode(&self, message: &jetstream::Message) -> Decoded<SparkEvent> {
+        match SparkEvent::decode(message.payload.as_ref()) {
+            Ok(event) if event.object.is_some() => Decoded::Item(event),
+            Ok(_) => Decoded::Dead("a SparkEvent without an object".to_owned()),
+            Err(error) => Decoded::Dead(format!("not a SparkEvent: {error}")),
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.running.is_none()
+    }
+
+    async fn take(&mut self, deliveries: Vec<Delivery<SparkEvent>>) -> Result<(), HandlerStopped> {
+        let worker: &'w SparkWorker = self.worker;
+        self.running = Some(
+            async move {
+                let mut stats = ProcessStats::default();
+                for delivery in deliveries {
+                    worker
+                        .handle_until_done(&delivery.item, &delivery.message.subject, &mut stats)
+                        .await;
+                    ack(&delivery.message).await;
+                }
+                stats
+            }
+            .boxed(),
+        );
+        Ok(())
+    }
+
+    async fn progress(&mut self) -> bool {
+        let Some(running) = self.running.as_mut() else {
+            return false;
+        };
+        self.stats += running.await;
+        self.running = None;
+        true
+    }
+
+    async fn drain(&mut self) {
+        self.progress().await;
     }
 }
 
@@ -144,66 +202,17 @@ struct Stored<T> {
 }
 
 impl SparkWorker {
-    /// Pulls `consumer` one event at a time until `stopped`.
-    async fn consume(
+    /// Decides one event, retrying with backoff while KV or the commands stream refuse (the
+    /// consumer loop keeps the message from redelivery meanwhile).
+    async fn handle_until_done(
         &self,
-        consumer: &jetstream::consumer::PullConsumer,
-        failover: Duration,
-        mut stopped: tokio::sync::watch::Receiver<bool>,
+        event: &SparkEvent,
+        subject: &async_nats::Subject,
         stats: &mut ProcessStats,
-    ) -> anyhow::Result<()> {
-        let mut messages = consumer
-            .stream()
-            .group(PRIORITY_GROUP)
-            .max_messages_per_batch(64)
-            .expires((failover / 4).max(Duration::from_millis(200)))
-            .messages()
-            .await
-            .map_err(|error| anyhow::anyhow!("starting the Spark pull: {error}"))?;
-        self.health.set(Condition::ConsumerBound, true);
-        loop {
-            let message = tokio::select! {
-                _ = stopped.wait_for(|s| *s) => return Ok(()),
-                message = messages.next() => message,
-            };
-            let Some(message) = message else {
-                anyhow::bail!("the Spark pull stream ended");
-            };
-            let message = match message {
-                Ok(message) => message,
-                Err(error) => {
-                    warn!(%error, "receiving a Spark event failed");
-                    continue;
-                }
-            };
-            self.handle_until_done(&message, stats).await;
-            if let Err(error) = message.ack_with(AckKind::Ack).await {
-                warn!(%error, "ack failed; the Spark event will be redelivered and change nothing");
-            }
-        }
-    }
-
-    /// Handles one message, retrying with backoff (and progress acks, so it is not
-    /// redelivered meanwhile) while KV or the commands stream refuse.
-    async fn handle_until_done(&self, message: &jetstream::Message, stats: &mut ProcessStats) {
-        let event = match SparkEvent::decode(message.payload.as_ref()) {
-            Ok(event) if event.object.is_some() => event,
-            decoded => {
-                let reason = match decoded {
-                    Err(error) => format!("not a SparkEvent: {error}"),
-                    Ok(_) => "a SparkEvent without an object".to_owned(),
-                };
-                warn!(subject = %message.subject, %reason, "Spark event dead-lettered");
-                let letter =
-                    DeadLetter::of_message(&self.subjects, Stage::Processor, message, reason);
-                dead::store(&self.js, &letter).await;
-                stats.dead_lettered += 1;
-                return;
-            }
-        };
+    ) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            match self.handle(&event).await {
+            match self.handle(event).await {
                 Ok(commands) => {
                     self.health.set(Condition::ConsumerBound, true);
                     stats.decided += 1;
@@ -215,8 +224,7 @@ impl SparkWorker {
                 }
                 Err(error) => {
                     self.health.set(Condition::ConsumerBound, false);
-                    warn!(%error, subject = %message.subject, retry_in_ms = backoff.delay().as_millis() as u64, "deciding a Spark event failed; retrying");
-                    let _ = message.ack_with(AckKind::Progress).await;
+                    warn!(%error, %subject, retry_in_ms = backoff.delay().as_millis() as u64, "deciding a Spark event failed; retrying");
                     backoff.wait().await;
                 }
             }

@@ -14,10 +14,12 @@ mod start;
 use std::future::Future;
 use std::time::Duration;
 
-use futures::StreamExt;
+use anyhow::Context as _;
 use podstream_bus::BusConfig;
+use podstream_bus::consume::{ConsumerLoop, DeadLetters, Pulling, Sharing};
 use podstream_bus::in_flight::InFlight;
 use podstream_bus::{Condition, Health};
+use podstream_proto::subject::Stage;
 
 use crate::db::Database;
 use crate::lanes::{LaneConfig, Lanes};
@@ -98,9 +100,7 @@ pub async fn run(
     let lag = podstream_bus::metrics::report_pending(vec![consumer.clone()]);
     let pruner =
         applied_retention.map(|retention| tokio::spawn(db.clone().prune_periodically(retention)));
-    let mut summary = Summary::default();
-    tokio::pin!(shutdown);
-    let (lanes, mut applied) = Lanes::start(
+    let (lanes, applied) = Lanes::start(
         &db,
         LaneConfig {
             lanes: config.connections,
@@ -113,37 +113,48 @@ pub async fn run(
     // command at once, a busy one fills each lane's next batch while its previous one commits.
     // Every command pulled is held, with progress acks, until its batch commits: a slow
     // database keeps its commands rather than seeing them redelivered.
-    let in_flight = InFlight::start(js.client(), config.ack_wait);
-    let mut chunks =
-        receive::pull_stream(&consumer, config.batch_size, &in_flight, &config.health).await;
-    loop {
+    let dead = DeadLetters {
+        js: js.clone(),
+        subjects,
+        stage: Stage::Sink,
+    };
+    let consumer = ConsumerLoop {
+        consumer,
+        sharing: Sharing::Shared,
+        pulling: Pulling {
+            batch_size: config.batch_size,
+            in_flight: InFlight::start(js.client(), config.ack_wait),
+            health: config.health.clone(),
+        },
+        dead: dead.clone(),
+    };
+    let mut handler = receive::CommandHandler {
+        lanes: Some(lanes),
+        applied,
+        dead,
+        summary: Summary::default(),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let consumed = {
+        let running = consumer.run(&mut handler, stopped);
+        tokio::pin!(running);
+        tokio::pin!(shutdown);
         tokio::select! {
-            _ = &mut shutdown => break,
-            Some(batch) = applied.recv() => report::finish(&js, &subjects, batch, &mut summary).await,
-            chunk = chunks.next() => {
-                let Some(chunk) = chunk else {
-                    tracing::warn!("the pull stream ended; pulling again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    chunks = receive::pull_stream(&consumer, config.batch_size, &in_flight, &config.health).await;
-                    continue;
-                };
-                receive::hand_over(chunk, &lanes, &js, &subjects, &mut summary).await?;
+            consumed = &mut running => consumed,
+            _ = &mut shutdown => {
+                let _ = stop.send(true);
+                running.await
             }
         }
-    }
-    // Everything handed to a lane is applied and acked before the sink stops: the applied
-    // batches end when the last lane has finished.
-    let closing = tokio::spawn(lanes.close());
-    while let Some(batch) = applied.recv().await {
-        report::finish(&js, &subjects, batch, &mut summary).await;
-    }
-    if let Err(panic) = closing.await {
-        tracing::error!(%panic, "closing the sink lanes panicked");
-    }
+    };
     lag.abort();
     if let Some(pruner) = pruner {
         pruner.abort();
     }
+    let mut summary = handler.summary;
+    summary.dead_lettered += consumed
+        .context("handing commands to the database")?
+        .dead_lettered;
     tracing::info!(%summary, "sink stopped");
     Ok(summary)
 }

@@ -1,11 +1,9 @@
 //! What happens to each command once its lane has committed: its outcome logged and counted,
 //! a refused one dead-lettered, and the message acked.
 
-use async_nats::jetstream::{self, AckKind};
-use podstream_bus::dead::DeadLetter;
+use podstream_bus::consume::{DeadLetters, ack, dead_letter};
 use podstream_bus::in_flight::Held;
 use podstream_proto::Command;
-use podstream_proto::subject::{Stage, Subjects};
 
 use crate::guard::Skip;
 use crate::item::Outcome;
@@ -13,39 +11,18 @@ use crate::lanes::Applied;
 use crate::summary::Summary;
 
 /// What happens to each command once its lane has committed: dead letter, log, count, ack.
-pub(super) async fn finish(
-    js: &jetstream::Context,
-    subjects: &Subjects,
-    batch: Applied<Held>,
-    summary: &mut Summary,
-) {
+pub(super) async fn finish(dead: &DeadLetters, batch: Applied<Held>, summary: &mut Summary) {
     for (item, message, outcome) in batch {
-        if let Outcome::Dead(reason) = &outcome {
+        summary.add(&outcome);
+        if let Outcome::Dead(reason) = outcome {
             tracing::warn!(command = %item.command.id, %reason, "command dead-lettered");
-            dead_letter(js, subjects, &message, reason).await;
+            dead_letter(dead, &message, item.sequence.unwrap_or(0), reason).await;
         } else {
             log_outcome(&item.command, &outcome);
+            // Unacked means redelivered; the applied-command record makes that harmless.
+            ack(&message).await;
         }
-        summary.add(&outcome);
-        ack(&message).await;
     }
-}
-
-pub(super) async fn ack(message: &jetstream::Message) {
-    if let Err(error) = message.ack_with(AckKind::Ack).await {
-        // Unacked means redelivered; the applied-command record makes that harmless.
-        tracing::warn!(%error, "ack failed; the command will be redelivered and skipped");
-    }
-}
-
-pub(super) async fn dead_letter(
-    js: &jetstream::Context,
-    subjects: &Subjects,
-    message: &jetstream::Message,
-    reason: &str,
-) {
-    let dead = DeadLetter::of_message(subjects, Stage::Sink, message, reason.to_owned());
-    podstream_bus::dead::store(js, &dead).await;
 }
 
 fn log_outcome(command: &Command, outcome: &Outcome) {

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::pull};
 use tracing::{debug, info};
 
@@ -27,13 +26,24 @@ pub struct Pinned<'a> {
     pub max_ack_pending: i64,
 }
 
+/// The server refused to create or update a pinned consumer.
+#[derive(Debug, thiserror::Error)]
+#[error("creating consumer {name}")]
+pub struct BindError {
+    /// The consumer's name.
+    pub name: String,
+    /// The server's answer.
+    #[source]
+    pub source: jetstream::stream::ConsumerError,
+}
+
 /// The durable consumer `pinned` of `stream`, created or updated (so a changed ack wait or
 /// failover reaches an existing one), with its pin taken and what it held made deliverable
 /// again now.
 pub async fn bind(
     stream: &jetstream::stream::Stream,
     pinned: Pinned<'_>,
-) -> anyhow::Result<jetstream::consumer::PullConsumer> {
+) -> Result<jetstream::consumer::PullConsumer, BindError> {
     let name = pinned.name;
     let wanted = pull::Config {
         durable_name: Some(name.to_owned()),
@@ -47,9 +57,12 @@ pub async fn bind(
         ..Default::default()
     };
     let consumer =
-        podstream_bus::streams::while_unavailable(name, || stream.create_consumer(wanted.clone()))
+        crate::streams::while_unavailable(name, || stream.create_consumer(wanted.clone()))
             .await
-            .with_context(|| format!("creating consumer {name}"))?;
+            .map_err(|source| BindError {
+                name: name.to_owned(),
+                source,
+            })?;
     // A start is most often a restart after a crash, whose pin would keep the consumer for
     // --failover-seconds: take it now. A live pinned instance hands over once, which per-pod
     // order allows (see the service's module doc).
