@@ -16,6 +16,8 @@
 //! - [`consume`]: the one consumer loop every stage runs: pull with a bound, hold, decode
 //!   or dead-letter, hand over to the stage's handler, pull again after a failure, drain on
 //!   stop.
+//! - [`retry`]: what a failed effect calls for, from the failure's type: again, wait, or a
+//!   dead letter.
 //! - [`pinned`]: a consumer pinned to one instance at a time, bound and let go.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
@@ -33,6 +35,7 @@ pub mod in_flight;
 pub mod local_server;
 pub mod metrics;
 pub mod pinned;
+pub mod retry;
 pub mod role;
 pub mod start;
 pub mod streams;

@@ -15,7 +15,7 @@ pub async fn publish(
     js: &jetstream::Context,
     subjects: &Subjects,
     commands: &[Command],
-) -> Result<(), String> {
+) -> Result<(), jetstream::context::PublishError> {
     let mut acks = Vec::with_capacity(commands.len());
     for command in commands {
         let uid = command.pod.as_ref().map_or("", |p| p.uid.as_str());
@@ -31,18 +31,14 @@ pub async fn publish(
                 .message_id(podstream_proto::msg_id::left_copy(&command.id))
                 .payload(payload.clone());
             let subject = subjects.commands(&transfer.from, uid);
-            let ack = js.send_publish(subject, notice).await;
-            acks.push(ack.map_err(|e| e.to_string())?);
+            acks.push(js.send_publish(subject, notice).await?);
         }
         let subject = subjects.commands(&command.owner, uid);
         let message = jetstream::message::PublishMessage::build()
             .headers(podstream_bus::role::headers(Role::Event))
             .message_id(&command.id)
             .payload(payload);
-        let ack = js
-            .send_publish(subject, message)
-            .await
-            .map_err(|e| e.to_string())?;
+        let ack = js.send_publish(subject, message).await?;
         let kind = command.kind.as_ref().map_or("none", |k| k.name());
         metrics::counter!(podstream_bus::metrics::PROCESSOR_COMMANDS, "kind" => kind).increment(1);
         // Fields are evaluated only when the event is enabled: no TI string at warn level.
@@ -57,7 +53,7 @@ pub async fn publish(
         acks.push(ack);
     }
     for ack in acks {
-        ack.await.map_err(|e| e.to_string())?;
+        ack.await?;
     }
     Ok(())
 }

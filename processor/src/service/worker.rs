@@ -9,7 +9,8 @@ use bytes::Bytes;
 use podstream_bus::consume::{DeadLetters, Delivery, ack, dead_letter};
 use podstream_bus::dead;
 use podstream_bus::in_flight::InFlight;
-use podstream_bus::{Backoff, Condition, Health};
+use podstream_bus::retry::{self, Classify, Retrying, Verdict};
+use podstream_bus::{Condition, Health};
 use podstream_proto::PodEvent;
 use podstream_proto::signature::Unsigned;
 use podstream_proto::subject::{Stage, Subjects};
@@ -63,22 +64,35 @@ fn report_unsigned(event: &PodEvent, reason: Unsigned) {
     }
 }
 
-/// Why deciding an event must be retried.
+/// Why deciding a group of events failed, with the cause's own type.
 #[derive(Debug, thiserror::Error)]
-enum Retry {
-    #[error("reading task record: {0}")]
-    Load(String),
-    #[error("writing task record: {0}")]
-    Store(String),
-    #[error("looking up earlier events of the pod: {0}")]
-    Lookup(String),
-    #[error("publishing commands: {0}")]
-    Publish(String),
-    /// Never retried: the server's `max_payload` does not change under a running stage.
+enum Failed {
+    #[error("reading task record")]
+    Load(#[source] kv::EntryError),
+    #[error("encoding task record")]
+    Encode(#[source] serde_json::Error),
+    #[error("writing task record")]
+    Store(#[source] kv::UpdateError),
+    #[error("looking up earlier events of the pod")]
+    Lookup(#[source] jetstream::stream::RawMessageError),
+    #[error("publishing commands")]
+    Publish(#[source] jetstream::context::PublishError),
+    /// The server's `max_payload` does not change under a running stage.
     #[error(
         "the task record would be {size} bytes, more than the server takes ({limit} bytes with room for headers)"
     )]
     RecordTooLarge { size: usize, limit: usize },
+}
+
+impl Classify for Failed {
+    fn verdict(&self) -> Verdict {
+        match self {
+            // Retrying would fail the same way and hold the TI's lane for ever.
+            Failed::RecordTooLarge { .. } | Failed::Encode(_) => Verdict::Dead,
+            Failed::Publish(error) => retry::publish_verdict(error),
+            Failed::Load(_) | Failed::Store(_) | Failed::Lookup(_) => Verdict::Wait,
+        }
+    }
 }
 
 impl Worker {
@@ -100,7 +114,7 @@ impl Worker {
     ) -> (String, ProcessStats) {
         let mut stats = ProcessStats::default();
         let mut known = self.cache.take(&key).map(Known::Cached);
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        let mut retrying = Retrying::new(Duration::from_millis(50), Duration::from_secs(5));
         loop {
             match self.decide(&key, &group, &mut known, &mut stats).await {
                 Ok(Decided { commands, unsigned }) => {
@@ -119,27 +133,26 @@ impl Worker {
                     self.health.set(Condition::ConsumerBound, true);
                     break;
                 }
-                Err(error @ Retry::RecordTooLarge { .. }) => {
-                    // Retrying would fail the same way and hold the TI's lane for ever.
-                    let reason = error.to_string();
-                    warn!(ti = %key, events = group.len(), %reason, "task record too large");
-                    for delivery in &group {
-                        let to = self.dead_letters();
-                        dead_letter(&to, &delivery.message, delivery.sequence, reason.clone())
-                            .await;
-                    }
-                    stats.dead_lettered += group.len() as u64;
-                    known = None;
-                    break;
-                }
                 Err(error) => {
                     known = Some(Known::Unsure);
+                    let sequence = group.first().map_or(0, |d| d.sequence);
+                    let reason = retry::with_causes(&error);
+                    if error.verdict() == Verdict::Dead {
+                        warn!(ti = %key, sequence, events = group.len(), %reason, "deciding events failed for good; dead-lettering them");
+                        let to = self.dead_letters();
+                        for delivery in &group {
+                            dead_letter(&to, &delivery.message, delivery.sequence, reason.clone())
+                                .await;
+                        }
+                        stats.dead_lettered += group.len() as u64;
+                        known = None;
+                        break;
+                    }
                     metrics::counter!(podstream_bus::metrics::PROCESSOR_RETRIES).increment(1);
                     self.health.set(Condition::ConsumerBound, false);
-                    let sequence = group.first().map_or(0, |d| d.sequence);
-                    warn!(%error, ti = %key, sequence, events = group.len(),
-                        retry_in_ms = backoff.delay().as_millis() as u64, "deciding events failed; retrying");
-                    backoff.wait().await;
+                    warn!(ti = %key, sequence, events = group.len(), error = %reason,
+                        retry_in_ms = retrying.delay().as_millis() as u64, "deciding events failed; retrying");
+                    retrying.after(&error).await;
                 }
             }
         }
@@ -158,7 +171,7 @@ impl Worker {
         group: &[PodDelivery],
         known: &mut Option<Known>,
         stats: &mut ProcessStats,
-    ) -> Result<Decided, Retry> {
+    ) -> Result<Decided, Failed> {
         let Some(first) = group.first() else {
             return Ok(Decided::default());
         };
@@ -223,10 +236,10 @@ impl Worker {
                 return Ok(Decided::default());
             }
             record.outbox = commands.clone();
-            let bytes = record.encode().map_err(|e| Retry::Store(e.to_string()))?;
+            let bytes = record.encode().map_err(Failed::Encode)?;
             let limit = dead::body_limit(self.js.client().server_info().max_payload);
             if bytes.len() > limit {
-                return Err(Retry::RecordTooLarge {
+                return Err(Failed::RecordTooLarge {
                     size: bytes.len(),
                     limit,
                 });
@@ -245,18 +258,14 @@ impl Worker {
                     debug!(ti = %key, "task record changed meanwhile; deciding again");
                     *known = Some(Known::Unsure);
                 }
-                Err(error) => return Err(Retry::Store(error.to_string())),
+                Err(error) => return Err(Failed::Store(error)),
             }
         }
     }
 
     /// The record of `key` and its revision (0 when there is none yet).
-    async fn load(&self, key: &str) -> Result<(TaskRecord, u64), Retry> {
-        let entry = self
-            .records
-            .entry(key)
-            .await
-            .map_err(|e| Retry::Load(e.to_string()))?;
+    async fn load(&self, key: &str) -> Result<(TaskRecord, u64), Failed> {
+        let entry = self.records.entry(key).await.map_err(Failed::Load)?;
         match entry {
             Some(entry) if entry.operation == kv::Operation::Put => {
                 let record = TaskRecord::decode(&entry.value).unwrap_or_else(|error| {
@@ -278,7 +287,7 @@ impl Worker {
         uid: &str,
         after: u64,
         before: u64,
-    ) -> Result<Vec<(u64, PodEvent)>, Retry> {
+    ) -> Result<Vec<(u64, PodEvent)>, Failed> {
         let subject = self.subjects.pod_events_of_any_owner(uid);
         let mut found = Vec::new();
         let mut next = after + 1;
@@ -294,7 +303,7 @@ impl Worker {
                 {
                     break;
                 }
-                Err(error) => return Err(Retry::Lookup(error.to_string())),
+                Err(error) => return Err(Failed::Lookup(error)),
             };
             if message.sequence >= before {
                 break;
@@ -311,10 +320,10 @@ impl Worker {
     }
 
     /// Publishes commands in order and waits for every ack.
-    async fn publish(&self, commands: &[Command]) -> Result<(), Retry> {
+    async fn publish(&self, commands: &[Command]) -> Result<(), Failed> {
         crate::publish::publish(&self.js, &self.subjects, commands)
             .await
-            .map_err(Retry::Publish)
+            .map_err(Failed::Publish)
     }
 }
 

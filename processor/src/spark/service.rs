@@ -20,10 +20,12 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use podstream_bus::consume::{
     ConsumerLoop, DeadLetters, Decoded, Delivery, Handler, HandlerStopped, Pulling, Sharing, ack,
+    dead_letter,
 };
 use podstream_bus::pinned::{self, Pinned};
+use podstream_bus::retry::{self, Classify, Retrying, Verdict};
 use podstream_bus::streams;
-use podstream_bus::{Backoff, Condition, Health};
+use podstream_bus::{Condition, Health};
 use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkApplication, SparkDriver, SparkEvent};
@@ -41,17 +43,32 @@ pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";
 /// The role in the name of a prefix's Spark bucket (`<prefix>-spark`).
 pub const SPARK_ROLE: &str = "spark";
 
-/// Why handling an event must be tried again.
+/// Why deciding a Spark event failed, with the cause's own type.
 #[derive(Debug, thiserror::Error)]
-enum Retry {
-    #[error("reading {0}: {1}")]
-    Load(String, String),
-    #[error("writing {0}: {1}")]
-    Store(String, String),
+enum Failed {
+    #[error("reading {0}")]
+    Load(String, #[source] kv::EntryError),
+    #[error("encoding {0}")]
+    Encode(String, #[source] serde_json::Error),
+    #[error("writing {0}")]
+    Store(String, #[source] kv::UpdateError),
+    #[error("removing {0}")]
+    Remove(String, #[source] kv::DeleteError),
     #[error("{0} changed meanwhile")]
     Moved(String),
-    #[error("publishing commands: {0}")]
-    Publish(String),
+    #[error("publishing commands")]
+    Publish(#[source] jetstream::context::PublishError),
+}
+
+impl Classify for Failed {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Failed::Moved(_) => Verdict::Again,
+            Failed::Encode(..) => Verdict::Dead,
+            Failed::Publish(error) => retry::publish_verdict(error),
+            Failed::Load(..) | Failed::Store(..) | Failed::Remove(..) => Verdict::Wait,
+        }
+    }
 }
 
 /// The Spark consumer: the bus's consumer loop on its pinned consumer, and what deciding
@@ -89,6 +106,7 @@ impl SparkConsumer {
             subjects: subjects.clone(),
             records,
             health: pulling.health.clone(),
+            dead: dead.clone(),
         };
         Ok(SparkConsumer {
             consumer: ConsumerLoop {
@@ -148,11 +166,8 @@ impl<'w> Handler for SparkHandler<'w> {
         self.running = Some(
             async move {
                 let mut stats = ProcessStats::default();
-                for delivery in deliveries {
-                    worker
-                        .handle_until_done(&delivery.item, &delivery.message.subject, &mut stats)
-                        .await;
-                    ack(&delivery.message).await;
+                for delivery in &deliveries {
+                    worker.handle_until_done(delivery, &mut stats).await;
                 }
                 stats
             }
@@ -181,6 +196,7 @@ struct SparkWorker {
     subjects: Subjects,
     records: kv::Store,
     health: Health,
+    dead: DeadLetters,
 }
 
 /// The bucket of Spark records, kept as long and as replicated as the Spark stream.
@@ -202,37 +218,41 @@ struct Stored<T> {
 }
 
 impl SparkWorker {
-    /// Decides one event, retrying with backoff while KV or the commands stream refuse (the
-    /// consumer loop keeps the message from redelivery meanwhile).
-    async fn handle_until_done(
-        &self,
-        event: &SparkEvent,
-        subject: &async_nats::Subject,
-        stats: &mut ProcessStats,
-    ) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    /// Decides one event, retrying while KV or the commands stream are away (the consumer
+    /// loop keeps the message from redelivery meanwhile), then acks it; an event that cannot
+    /// be decided is dead-lettered.
+    async fn handle_until_done(&self, delivery: &Delivery<SparkEvent>, stats: &mut ProcessStats) {
+        let mut retrying = Retrying::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            match self.handle(event).await {
+            let error = match self.handle(&delivery.item).await {
                 Ok(commands) => {
                     self.health.set(Condition::ConsumerBound, true);
                     stats.decided += 1;
                     stats.commands += commands;
+                    ack(&delivery.message).await;
                     return;
                 }
-                Err(Retry::Moved(key)) => {
-                    debug!(%key, "Spark record changed meanwhile; deciding again");
-                }
-                Err(error) => {
+                Err(error) => error,
+            };
+            let reason = retry::with_causes(&error);
+            match error.verdict() {
+                Verdict::Again => debug!(%reason, "Spark record changed meanwhile; deciding again"),
+                Verdict::Wait => {
                     self.health.set(Condition::ConsumerBound, false);
-                    warn!(%error, %subject, retry_in_ms = backoff.delay().as_millis() as u64, "deciding a Spark event failed; retrying");
-                    backoff.wait().await;
+                    warn!(%reason, subject = %delivery.message.subject, retry_in_ms = retrying.delay().as_millis() as u64, "deciding a Spark event failed; retrying");
+                }
+                Verdict::Dead => {
+                    dead_letter(&self.dead, &delivery.message, delivery.sequence, reason).await;
+                    stats.dead_lettered += 1;
+                    return;
                 }
             }
+            retrying.after(&error).await;
         }
     }
 
     /// Decides one event; the number of commands published.
-    async fn handle(&self, event: &SparkEvent) -> Result<u64, Retry> {
+    async fn handle(&self, event: &SparkEvent) -> Result<u64, Failed> {
         match &event.object {
             Some(Object::Driver(driver)) => self.driver(event, driver).await,
             Some(Object::Application(application)) => self.application(event, application).await,
@@ -240,7 +260,7 @@ impl SparkWorker {
         }
     }
 
-    async fn driver(&self, event: &SparkEvent, driver: &SparkDriver) -> Result<u64, Retry> {
+    async fn driver(&self, event: &SparkEvent, driver: &SparkDriver) -> Result<u64, Failed> {
         let job = JobKey::of(driver);
         let key = job.kv_key();
         let mut stored: Stored<JobRecord> = self.load(&key).await?;
@@ -278,7 +298,7 @@ impl SparkWorker {
         &self,
         event: &SparkEvent,
         application: &SparkApplication,
-    ) -> Result<u64, Retry> {
+    ) -> Result<u64, Failed> {
         let (namespace, name) = application_name(application);
         let key = application_kv_key(&namespace, &name);
         let mut stored: Stored<ApplicationRecord> = self.load(&key).await?;
@@ -313,7 +333,7 @@ impl SparkWorker {
     }
 
     /// Adds `job` to (or, `named` false, removes it from) the jobs application `name` knows.
-    async fn index(&self, job: &JobKey, name: &str, named: bool) -> Result<(), Retry> {
+    async fn index(&self, job: &JobKey, name: &str, named: bool) -> Result<(), Failed> {
         let key = application_kv_key(&job.namespace, name);
         let mut stored: Stored<ApplicationRecord> = self.load(&key).await?;
         if named {
@@ -335,7 +355,7 @@ impl SparkWorker {
         &self,
         job: &JobKey,
         names: &[String],
-    ) -> Result<HashMap<String, ApplicationRecord>, Retry> {
+    ) -> Result<HashMap<String, ApplicationRecord>, Failed> {
         let mut found = HashMap::new();
         for name in names {
             let stored: Stored<ApplicationRecord> =
@@ -347,12 +367,12 @@ impl SparkWorker {
         Ok(found)
     }
 
-    async fn load<T: DeserializeOwned + Default>(&self, key: &str) -> Result<Stored<T>, Retry> {
+    async fn load<T: DeserializeOwned + Default>(&self, key: &str) -> Result<Stored<T>, Failed> {
         let entry = self
             .records
             .entry(key)
             .await
-            .map_err(|e| Retry::Load(key.to_owned(), e.to_string()))?;
+            .map_err(|e| Failed::Load(key.to_owned(), e))?;
         Ok(match entry {
             Some(entry) if entry.operation == kv::Operation::Put => Stored {
                 record: serde_json::from_slice(&entry.value).unwrap_or_else(|error| {
@@ -373,19 +393,23 @@ impl SparkWorker {
         })
     }
 
-    async fn store<T: Serialize>(&self, key: &str, record: &T, revision: u64) -> Result<(), Retry> {
-        let value =
-            serde_json::to_vec(record).map_err(|e| Retry::Store(key.to_owned(), e.to_string()))?;
+    async fn store<T: Serialize>(
+        &self,
+        key: &str,
+        record: &T,
+        revision: u64,
+    ) -> Result<(), Failed> {
+        let value = serde_json::to_vec(record).map_err(|e| Failed::Encode(key.to_owned(), e))?;
         match self.records.update(key, Bytes::from(value), revision).await {
             Ok(_) => Ok(()),
             Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                Err(Retry::Moved(key.to_owned()))
+                Err(Failed::Moved(key.to_owned()))
             }
-            Err(error) => Err(Retry::Store(key.to_owned(), error.to_string())),
+            Err(error) => Err(Failed::Store(key.to_owned(), error)),
         }
     }
 
-    async fn remove(&self, key: &str, revision: u64) -> Result<(), Retry> {
+    async fn remove(&self, key: &str, revision: u64) -> Result<(), Failed> {
         match self
             .records
             .delete_expect_revision(key, Some(revision))
@@ -393,19 +417,19 @@ impl SparkWorker {
         {
             Ok(()) => Ok(()),
             Err(error) if error.kind() == kv::DeleteErrorKind::WrongLastRevision => {
-                Err(Retry::Moved(key.to_owned()))
+                Err(Failed::Moved(key.to_owned()))
             }
-            Err(error) => Err(Retry::Store(key.to_owned(), error.to_string())),
+            Err(error) => Err(Failed::Remove(key.to_owned(), error)),
         }
     }
 
-    async fn publish(&self, commands: &[podstream_proto::Command]) -> Result<u64, Retry> {
+    async fn publish(&self, commands: &[podstream_proto::Command]) -> Result<u64, Failed> {
         if commands.is_empty() {
             return Ok(0);
         }
         publish(&self.js, &self.subjects, commands)
             .await
-            .map_err(Retry::Publish)?;
+            .map_err(Failed::Publish)?;
         for command in commands {
             info!(id = %command.id, pod = %command.pod.as_ref().map(|p| p.name.as_str()).unwrap_or_default(), "Spark duplicate reported");
         }
