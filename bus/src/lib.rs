@@ -16,6 +16,8 @@
 //! - [`consume`]: the one consumer loop every stage runs: pull with a bound, hold, decode
 //!   or dead-letter, hand over to the stage's handler, pull again after a failure, drain on
 //!   stop.
+//! - [`fault`]: whose move a failure is (configuration, a service away, data), said by its
+//!   type, for the exit status.
 //! - [`retry`]: what a failed effect calls for, from the failure's type: again, wait, or a
 //!   dead letter.
 //! - [`pinned`]: a consumer pinned to one instance at a time, bound and let go.
@@ -29,6 +31,7 @@ pub mod config;
 pub mod connect;
 pub mod consume;
 pub mod dead;
+pub mod fault;
 pub mod health;
 pub mod history;
 pub mod in_flight;

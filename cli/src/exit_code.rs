@@ -6,7 +6,9 @@
 use std::process::ExitCode;
 
 use podstream_bus::connect::ConnectError;
+use podstream_bus::fault::{Classified, Fault};
 use podstream_bus::local_server::LocalServerError;
+use podstream_bus::streams::StreamError;
 use podstream_sink::db::DbError;
 
 /// Why a command ended without success.
@@ -26,40 +28,49 @@ pub enum Exit {
 }
 
 impl Exit {
-    /// The class of `error`, from the first error of its chain that has one.
+    /// The class of `error`: the fault its first typed cause says it is (each library's
+    /// errors say it themselves, [`Classified`]).
     pub fn of(error: &anyhow::Error) -> Exit {
         error
             .chain()
-            .find_map(|cause| {
-                if let Some(error) = cause.downcast_ref::<ConnectError>() {
-                    return Some(match error {
-                        ConnectError::ServerTooOld { .. } => Exit::Unavailable,
-                        ConnectError::File { .. }
-                        | ConnectError::Refused { .. }
-                        | ConnectError::Tls { .. }
-                        | ConnectError::Url { .. } => Exit::Config,
-                    });
-                }
-                if let Some(error) = cause.downcast_ref::<DbError>() {
-                    return Some(match error {
-                        DbError::Scheme(_) | DbError::Url(..) | DbError::Pooler(..) => Exit::Config,
-                        DbError::NotAirflow(_) | DbError::UnknownSchema(_) => Exit::Data,
-                    });
-                }
-                if cause.is::<LocalServerError>() || cause.is::<sqlx::Error>() {
-                    return Some(Exit::Unavailable);
-                }
-                if cause.is::<kube::config::InferConfigError>()
-                    || cause.is::<kube::config::KubeconfigError>()
-                    || cause.is::<podstream_ingest::access::Forbidden>()
-                    || cause.is::<crate::decide::SigningKeyError>()
-                {
-                    return Some(Exit::Config);
-                }
-                None
-            })
-            .unwrap_or(Exit::Failure)
+            .find_map(fault_of)
+            .map_or(Exit::Failure, Exit::from)
     }
+}
+
+impl From<Fault> for Exit {
+    fn from(fault: Fault) -> Exit {
+        match fault {
+            Fault::Configuration => Exit::Config,
+            Fault::Unavailable => Exit::Unavailable,
+            Fault::Data => Exit::Data,
+            Fault::Other => Exit::Failure,
+        }
+    }
+}
+
+/// The fault `cause` says it is, when its type is one that says.
+fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    fn said<E: Classified + std::error::Error + 'static>(
+        cause: &(dyn std::error::Error + 'static),
+    ) -> Option<Fault> {
+        cause.downcast_ref::<E>().map(Classified::fault)
+    }
+    said::<podstream_sink::service::SinkError>(cause)
+        .or_else(|| said::<podstream_processor::service::ProcessError>(cause))
+        .or_else(|| said::<DbError>(cause))
+        .or_else(|| said::<podstream_bus::StartError>(cause))
+        .or_else(|| said::<ConnectError>(cause))
+        .or_else(|| said::<StreamError>(cause))
+        .or_else(|| said::<LocalServerError>(cause))
+        .or_else(|| {
+            (cause.is::<kube::config::InferConfigError>()
+                || cause.is::<kube::config::KubeconfigError>()
+                || cause.is::<podstream_ingest::access::Forbidden>()
+                || cause.is::<crate::decide::SigningKeyError>())
+            .then_some(Fault::Configuration)
+        })
+        .or_else(|| cause.is::<sqlx::Error>().then_some(Fault::Unavailable))
 }
 
 impl From<Exit> for ExitCode {

@@ -43,12 +43,13 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECONDS: u64 = 25;
 impl ShutdownArgs {
     /// Runs `service`, handed the shutdown signal, to its end; once the signal has come it
     /// has the timeout to drain, after which it is given up (dropped) with an error.
-    pub async fn run<T, F>(
+    pub async fn run<T, E, F>(
         &self,
         service: impl FnOnce(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> F,
     ) -> anyhow::Result<T>
     where
-        F: std::future::Future<Output = anyhow::Result<T>>,
+        E: Into<anyhow::Error>,
+        F: std::future::Future<Output = Result<T, E>>,
     {
         let timeout = std::time::Duration::from_secs(self.shutdown_timeout_seconds);
         let (signalled, heard) = tokio::sync::oneshot::channel::<()>();
@@ -65,7 +66,7 @@ impl ShutdownArgs {
             }
         };
         tokio::select! {
-            result = &mut service => result,
+            result = &mut service => result.map_err(Into::into),
             () = deadline => Err(anyhow::anyhow!(
                 "did not finish draining within {timeout:?} of the signal (--shutdown-timeout-seconds); what was not acked will be redelivered"
             )),

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, ConnectOptions as _, Row};
 
@@ -37,6 +36,56 @@ pub enum DbError {
         "{0} answered as PgBouncer does ({1}): connect the sink to PostgreSQL itself, not through PgBouncer; its transaction pooling would hand the sink's prepared statements and session settings to other clients (docs/install.md, PgBouncer)"
     )]
     Pooler(String, String),
+    /// The server's TLS certificate did not verify (or TLS was refused): it stays so, so
+    /// there is no retry.
+    #[error("TLS to {db} failed")]
+    Tls {
+        /// The database, its password hidden.
+        db: String,
+        /// What the driver said.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The server refused the connection for good (credentials, a database that does not
+    /// exist); an unreachable one is waited for instead.
+    #[error("connecting to {db}")]
+    Connect {
+        /// The database, its password hidden.
+        db: String,
+        /// What the driver said.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A statement of the start failed.
+    #[error("{what}")]
+    Query {
+        /// What the statement was for.
+        what: String,
+        /// What the driver said.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl podstream_bus::fault::Classified for DbError {
+    fn fault(&self) -> podstream_bus::fault::Fault {
+        use podstream_bus::fault::Fault;
+        match self {
+            DbError::Scheme(_) | DbError::Url(..) | DbError::Pooler(..) | DbError::Tls { .. } => {
+                Fault::Configuration
+            }
+            DbError::NotAirflow(_) | DbError::UnknownSchema(_) => Fault::Data,
+            DbError::Connect { .. } | DbError::Query { .. } => Fault::Unavailable,
+        }
+    }
+}
+
+/// `error` as [`DbError::Query`] for `what`.
+fn query_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> DbError {
+    move |source| DbError::Query {
+        what: what.into(),
+        source,
+    }
 }
 
 /// Connections in a PostgreSQL pool (SQLite: one, its single writer).
@@ -64,7 +113,7 @@ async fn table_columns(
     pool: &AnyPool,
     backend: Backend,
     table: &'static str,
-) -> anyhow::Result<Vec<String>> {
+) -> Result<Vec<String>, DbError> {
     let query = match backend {
         Backend::Postgres => format!(
             "SELECT CAST(column_name AS TEXT) FROM information_schema.columns WHERE table_name = '{table}' AND table_schema = current_schema()"
@@ -74,9 +123,12 @@ async fn table_columns(
     let rows = sqlx::query(&query)
         .fetch_all(pool)
         .await
-        .with_context(|| format!("reading the columns of {table}"))?;
+        .map_err(query_failed(format!("reading the columns of {table}")))?;
     rows.iter()
-        .map(|row| row.try_get::<String, _>(0).context("reading a column name"))
+        .map(|row| {
+            row.try_get::<String, _>(0)
+                .map_err(query_failed("reading a column name"))
+        })
         .collect()
 }
 
@@ -175,12 +227,12 @@ impl DbTarget {
 impl Database {
     /// Connects (retrying with backoff while the server is unreachable), checks the Airflow
     /// schema, and creates podstream's tables if missing.
-    pub async fn connect(url: &str) -> anyhow::Result<Database> {
+    pub async fn connect(url: &str) -> Result<Database, DbError> {
         Database::connect_to(&DbTarget::at(url)).await
     }
 
     /// [`Database::connect`] to a target whose password may be given apart from its URL.
-    pub async fn connect_to(target: &DbTarget) -> anyhow::Result<Database> {
+    pub async fn connect_to(target: &DbTarget) -> Result<Database, DbError> {
         install_default_drivers();
         let (backend, connect_options) = target.connect_options()?;
         let shown = target.redacted();
@@ -217,17 +269,23 @@ impl Database {
                 Ok(pool) => break pool,
                 // A certificate that does not verify stays so: no retry at start.
                 Err(error) if tls_refused(&error) => {
-                    return Err(error).with_context(|| format!("TLS to {shown} failed"));
+                    return Err(DbError::Tls {
+                        db: shown.to_string(),
+                        source: error,
+                    });
                 }
                 Err(error) if answered_by_pgbouncer(&error) => {
-                    return Err(DbError::Pooler(shown.to_string(), error.to_string()).into());
+                    return Err(DbError::Pooler(shown.to_string(), error.to_string()));
                 }
                 Err(error) if is_transient(&error) => {
                     tracing::warn!(db = %shown, %error, retry_in_ms = backoff.delay().as_millis() as u64, "database unreachable; retrying");
                     backoff.wait().await;
                 }
                 Err(error) => {
-                    return Err(error).with_context(|| format!("connecting to {}", shown));
+                    return Err(DbError::Connect {
+                        db: shown.to_string(),
+                        source: error,
+                    });
                 }
             }
         };
@@ -235,8 +293,10 @@ impl Database {
             .fetch_one(&pool)
             .await
         {
-            Ok(row) => row.try_get(0).context("reading alembic_version")?,
-            Err(error) => return Err(DbError::NotAirflow(error.to_string()).into()),
+            Ok(row) => row
+                .try_get(0)
+                .map_err(query_failed("reading alembic_version"))?,
+            Err(error) => return Err(DbError::NotAirflow(error.to_string())),
         };
         let release = airflow::release_for(&revision);
         let airflow = match release {
@@ -276,7 +336,7 @@ impl Database {
         }
     }
 
-    async fn create_tables(&self) -> anyhow::Result<()> {
+    async fn create_tables(&self) -> Result<(), DbError> {
         let timestamp = match self.backend {
             Backend::Postgres => "TIMESTAMP WITH TIME ZONE",
             Backend::Sqlite => "TIMESTAMP",
@@ -336,7 +396,7 @@ impl Database {
             sqlx::query(&statement)
                 .execute(&self.pool)
                 .await
-                .context("creating podstream tables")?;
+                .map_err(query_failed("creating podstream tables"))?;
         }
         Ok(())
     }

@@ -1,7 +1,6 @@
 //! DAG runs and task instances written straight into a metadata DB, and task instances read
 //! back: what `podstream demo` and the tests need around the sink. Never used by the sink.
 
-use anyhow::Context as _;
 use podstream_proto::TaskKey;
 use sqlx::Row;
 
@@ -109,18 +108,20 @@ pub fn statements(
 
 impl Database {
     /// Inserts a DAG run and its task instances (see [`statements`]).
-    pub async fn seed(&self, dag_id: &str, run_id: &str, tis: &[SeedTi<'_>]) -> anyhow::Result<()> {
+    pub async fn seed(
+        &self,
+        dag_id: &str,
+        run_id: &str,
+        tis: &[SeedTi<'_>],
+    ) -> Result<(), sqlx::Error> {
         for statement in statements(self.airflow, self.backend, dag_id, run_id, tis) {
-            sqlx::query(&statement)
-                .execute(&self.pool)
-                .await
-                .with_context(|| format!("seeding: {statement}"))?;
+            sqlx::query(&statement).execute(&self.pool).await?;
         }
         Ok(())
     }
 
     /// The task instance `key` names (its try is not part of the lookup), if it exists.
-    pub async fn task_instance(&self, key: &TaskKey) -> anyhow::Result<Option<TiRow>> {
+    pub async fn task_instance(&self, key: &TaskKey) -> Result<Option<TiRow>, sqlx::Error> {
         let id = match self.airflow {
             AirflowSchema::V2 => "CAST(NULL AS TEXT)",
             AirflowSchema::V3 => "CAST(id AS TEXT)",
@@ -137,9 +138,8 @@ impl Database {
             .bind(&key.run_id)
             .bind(key.map_index)
             .fetch_optional(&self.pool)
-            .await
-            .context("reading a task instance")?;
-        row.map(|row| -> anyhow::Result<TiRow> {
+            .await?;
+        row.map(|row| -> Result<TiRow, sqlx::Error> {
             Ok(TiRow {
                 state: row.try_get(0)?,
                 try_number: row.try_get(1)?,

@@ -5,6 +5,8 @@
 
 use std::process::{Command, Stdio};
 
+use podstream_tests::airflow::{Airflow, AirflowDb};
+use podstream_tests::nats::NatsServer;
 use podstream_tests::podstream_binary;
 
 /// `podstream args` with `env`; its exit code and standard error.
@@ -45,6 +47,54 @@ fn each_failure_exits_with_its_class() {
         ),
         // Data: a database that is not Airflow's.
         (&["apply", "--db", &empty_db], &[], 65),
+    ];
+    for (args, env, code) in cases {
+        let (got, stderr) = exits(args, env);
+        assert_eq!(got, Some(code), "{args:?}: {stderr}");
+    }
+}
+
+/// A stage that cannot start exits with the class its library's error type says, met for
+/// real: the processor refused by nats-server, the sink's retention shorter than the commands
+/// stream's.
+#[test]
+fn a_stage_that_cannot_start_exits_with_the_class_of_its_error() {
+    let nats = NatsServer::start_with_token();
+    let token = nats.token_file().unwrap().display().to_string();
+    let db = AirflowDb::sqlite(Airflow::oldest());
+    let cases: [Case<'_>; 3] = [
+        // Configuration: nats-server wants a token the processor does not give.
+        (&["process", "--nats", &nats.url()], &[], 78),
+        // Configuration: applied ids kept an hour, commands kept longer by the stream.
+        (
+            &[
+                "sink",
+                "--nats",
+                &nats.url(),
+                "--nats-token-file",
+                &token,
+                "--db",
+                &db.url,
+                "--applied-retention-hours",
+                "1",
+            ],
+            &[],
+            78,
+        ),
+        // Data: the sink's database is not Airflow's.
+        (
+            &[
+                "sink",
+                "--nats",
+                &nats.url(),
+                "--nats-token-file",
+                &token,
+                "--db",
+                "sqlite:///dev/null",
+            ],
+            &[],
+            65,
+        ),
     ];
     for (args, env, code) in cases {
         let (got, stderr) = exits(args, env);

@@ -23,7 +23,7 @@ const COMMANDS: &str = stream_names::COMMANDS;
 const DEAD: &str = stream_names::DEAD;
 
 struct Processor {
-    task: JoinHandle<anyhow::Result<ProcessStats>>,
+    task: JoinHandle<Result<ProcessStats, podstream_processor::service::ProcessError>>,
     stop: oneshot::Sender<()>,
 }
 

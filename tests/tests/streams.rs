@@ -12,7 +12,7 @@ use podstream_bus::streams::{self, StreamSettings};
 use podstream_proto::subject::stream_names;
 use podstream_proto::subject::{Stream, Subjects};
 use podstream_sink::Database;
-use podstream_sink::service::{self, SinkConfig};
+use podstream_sink::service::{self, SinkConfig, SinkError};
 use podstream_tests::airflow::{Airflow, AirflowDb};
 use podstream_tests::nats::NatsServer;
 
@@ -129,7 +129,7 @@ async fn a_stream_capped_in_bytes_drops_its_oldest_messages() {
     assert_eq!(state.last_sequence, 200);
 }
 
-async fn sink_with(nats: &NatsServer, retention_hours: Option<u64>) -> anyhow::Result<()> {
+async fn sink_with(nats: &NatsServer, retention_hours: Option<u64>) -> Result<(), SinkError> {
     let applied_retention = retention_hours.map(|hours| Duration::from_secs(hours * 3600));
     let target = AirflowDb::sqlite(Airflow::oldest());
     let db = Database::connect(&target.url).await.unwrap();
@@ -156,7 +156,8 @@ async fn the_sink_keeps_applied_ids_as_long_as_the_stream_as_it_is_keeps_command
     commands_stream(&js, &forever).await;
 
     let refused = sink_with(&nats, Some(24)).await.unwrap_err();
-    let message = format!("{refused:#}");
+    assert!(matches!(refused, SinkError::Retention(_)), "{refused:?}");
+    let message = refused.to_string();
     assert!(
         message.contains("forever") && message.contains("24 h"),
         "{message}"

@@ -1,7 +1,6 @@
 //! The processor's start: on the bus with its streams, its bucket of task records, one pinned
 //! consumer per scheduler (or one for every owner) and, with `--spark`, the Spark consumer.
 
-use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::PullConsumer, kv, stream};
 use podstream_bus::consume::Pulling;
 use podstream_bus::in_flight::InFlight;
@@ -9,8 +8,8 @@ use podstream_bus::pinned::{self, Pinned};
 use podstream_bus::{OnTheBus, streams};
 use podstream_proto::subject::{Stream, encode_token};
 
-use super::ProcessConfig;
 use super::worker::Worker;
+use super::{ProcessConfig, ProcessError};
 use crate::record_cache::RecordCache;
 use crate::spark::service::SparkConsumer;
 
@@ -25,7 +24,7 @@ pub(super) struct Started {
 }
 
 /// Connects, makes the streams and the bucket ready and binds the consumers.
-pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
+pub(super) async fn start(config: &ProcessConfig) -> Result<Started, ProcessError> {
     let mut wanted = vec![Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
     if config.spark_bucket.is_some() {
         wanted.push(Stream::Spark);
@@ -39,7 +38,10 @@ pub(super) async fn start(config: &ProcessConfig) -> anyhow::Result<Started> {
     let records = open_bucket(&js, config, pods).await?;
     let pods = streams::while_unavailable(&pods.name, || js.get_stream(&pods.name))
         .await
-        .context("opening the pod-events stream")?;
+        .map_err(|source| ProcessError::Stream {
+            stream: pods.name.clone(),
+            source,
+        })?;
     let scopes: Vec<Option<&str>> = if config.schedulers.is_empty() {
         vec![None]
     } else {
@@ -109,9 +111,12 @@ async fn open_bucket(
     js: &jetstream::Context,
     config: &ProcessConfig,
     pods: &stream::Config,
-) -> anyhow::Result<kv::Store> {
+) -> Result<kv::Store, ProcessError> {
     let description = "podstream processor: per task instance, its pods' states";
     streams::bucket_beside(js, &config.bucket, description, pods)
         .await
-        .with_context(|| format!("opening KV bucket {}", config.bucket))
+        .map_err(|source| ProcessError::Bucket {
+            bucket: config.bucket.clone(),
+            source,
+        })
 }

@@ -36,6 +36,7 @@ use tracing::{debug, info, warn};
 
 use super::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
 use crate::publish::publish;
+use crate::service::ProcessError;
 use crate::stats::ProcessStats;
 
 /// The KV bucket of Spark records by default.
@@ -89,11 +90,22 @@ impl SparkConsumer {
         bucket: &str,
         pinned: Pinned<'_>,
         pulling: Pulling,
-    ) -> anyhow::Result<SparkConsumer> {
-        let records = open_spark_bucket(js, bucket, spark).await?;
+    ) -> Result<SparkConsumer, ProcessError> {
+        let description =
+            "podstream processor: per Spark job, its driver pods and the driver chosen";
+        // Kept as long and as replicated as the Spark stream.
+        let records = streams::bucket_beside(js, bucket, description, spark)
+            .await
+            .map_err(|source| ProcessError::Bucket {
+                bucket: bucket.to_owned(),
+                source,
+            })?;
         let stream = streams::while_unavailable(&spark.name, || js.get_stream(&spark.name))
             .await
-            .map_err(|error| anyhow::anyhow!("opening the Spark stream: {error}"))?;
+            .map_err(|source| ProcessError::Stream {
+                stream: spark.name.clone(),
+                source,
+            })?;
         let failover = pinned.failover;
         let consumer = pinned::bind(&stream, pinned).await?;
         let dead = DeadLetters {
@@ -197,18 +209,6 @@ struct SparkWorker {
     records: kv::Store,
     health: Health,
     dead: DeadLetters,
-}
-
-/// The bucket of Spark records, kept as long and as replicated as the Spark stream.
-async fn open_spark_bucket(
-    js: &jetstream::Context,
-    bucket: &str,
-    spark: &stream::Config,
-) -> anyhow::Result<kv::Store> {
-    let description = "podstream processor: per Spark job, its driver pods and the driver chosen";
-    streams::bucket_beside(js, bucket, description, spark)
-        .await
-        .map_err(|error| anyhow::anyhow!("opening KV bucket {bucket}: {error}"))
 }
 
 /// A record and the KV revision it was read at (0: none yet).

@@ -14,7 +14,6 @@ mod start;
 use std::future::Future;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use podstream_bus::BusConfig;
 use podstream_bus::consume::{ConsumerLoop, DeadLetters, Pulling, Sharing};
 use podstream_bus::in_flight::InFlight;
@@ -81,12 +80,52 @@ impl Default for SinkConfig {
 /// executors write `executor`).
 pub const TASK_FAILURES_METADATA: &str = "podstream.task_failures";
 
+/// Why the sink stopped or did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Connecting to NATS or making the streams ready failed.
+    #[error("starting on the bus")]
+    Bus(#[from] podstream_bus::StartError),
+    /// `--applied-retention-hours` is shorter than the commands stream keeps commands.
+    #[error(transparent)]
+    Retention(#[from] crate::retention::RetentionTooShort),
+    /// The commands stream could not be opened.
+    #[error("opening the commands stream")]
+    Stream(#[source] async_nats::jetstream::context::GetStreamError),
+    /// The consumers of the commands stream could not be listed.
+    #[error("listing the consumers of the commands stream")]
+    Consumers(#[source] async_nats::jetstream::stream::ConsumersError),
+    /// Another consumer says another party fails task instances.
+    #[error(transparent)]
+    Refused(#[from] StartError),
+    /// The durable consumer could not be created or updated.
+    #[error("creating the sink consumer")]
+    Consumer(#[source] async_nats::jetstream::stream::ConsumerError),
+    /// The lanes stopped taking commands.
+    #[error("handing commands to the database")]
+    Lanes(#[from] podstream_bus::consume::HandlerStopped),
+}
+
+impl podstream_bus::fault::Classified for SinkError {
+    fn fault(&self) -> podstream_bus::fault::Fault {
+        use podstream_bus::fault::Fault;
+        match self {
+            SinkError::Bus(error) => error.fault(),
+            SinkError::Retention(_) | SinkError::Refused(_) => Fault::Configuration,
+            SinkError::Stream(_)
+            | SinkError::Consumers(_)
+            | SinkError::Consumer(_)
+            | SinkError::Lanes(_) => Fault::Other,
+        }
+    }
+}
+
 /// Runs until `shutdown` resolves; what the lanes hold is applied and acked first.
 pub async fn run(
     config: SinkConfig,
     db: Database,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Summary> {
+) -> Result<Summary, SinkError> {
     config.health.declare(Condition::ConsumerBound);
     config.health.declare(Condition::DatabaseAnswers);
     // Connected and checked before the sink runs: a refusal from now on flips it.
@@ -152,9 +191,7 @@ pub async fn run(
         pruner.abort();
     }
     let mut summary = handler.summary;
-    summary.dead_lettered += consumed
-        .context("handing commands to the database")?
-        .dead_lettered;
+    summary.dead_lettered += consumed?.dead_lettered;
     tracing::info!(%summary, "sink stopped");
     Ok(summary)
 }

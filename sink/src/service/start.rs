@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::pull};
 use futures::TryStreamExt;
 use podstream_bus::{OnTheBus, streams};
 use podstream_proto::subject::{Stream, Subjects};
 
-use super::{SinkConfig, TASK_FAILURES_METADATA};
+use super::{SinkConfig, SinkError, TASK_FAILURES_METADATA};
 use crate::db::Database;
 use crate::guard::TaskFailures;
 
@@ -42,13 +41,9 @@ async fn refuse_a_second_failure_owner(
     stream: &jetstream::stream::Stream,
     own: &str,
     ours: TaskFailures,
-) -> anyhow::Result<()> {
+) -> Result<(), SinkError> {
     let mut consumers = stream.consumers();
-    while let Some(info) = consumers
-        .try_next()
-        .await
-        .context("listing the consumers of the commands stream")?
-    {
+    while let Some(info) = consumers.try_next().await.map_err(SinkError::Consumers)? {
         let theirs = info.config.metadata.get(TASK_FAILURES_METADATA);
         if info.name != own
             && let Some(theirs) = theirs
@@ -75,7 +70,7 @@ pub(super) struct Started {
 }
 
 /// Connects, makes the streams ready and binds the consumer.
-pub(super) async fn start(config: &SinkConfig, db: &Database) -> anyhow::Result<Started> {
+pub(super) async fn start(config: &SinkConfig, db: &Database) -> Result<Started, SinkError> {
     let wanted = [Stream::Commands, Stream::DeadLetters];
     let OnTheBus {
         js,
@@ -88,7 +83,7 @@ pub(super) async fn start(config: &SinkConfig, db: &Database) -> anyhow::Result<
         crate::retention::applied_retention(config.applied_retention, commands.max_age)?;
     let stream = streams::while_unavailable(&commands.name, || js.get_stream(&commands.name))
         .await
-        .context("opening the commands stream")?;
+        .map_err(SinkError::Stream)?;
     let task_failures = db.policy.task_failures;
     refuse_a_second_failure_owner(&stream, &config.consumer, task_failures).await?;
     // Created or updated: the consumer declares who fails TIs, for the executors to check.
@@ -108,7 +103,7 @@ pub(super) async fn start(config: &SinkConfig, db: &Database) -> anyhow::Result<
     let consumer =
         streams::while_unavailable(&config.consumer, || stream.create_consumer(wanted.clone()))
             .await
-            .context("creating the sink consumer")?;
+            .map_err(SinkError::Consumer)?;
     Ok(Started {
         js,
         subjects,

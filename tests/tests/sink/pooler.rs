@@ -32,9 +32,8 @@ async fn behind_pgbouncer_session_pooling_applies_and_transaction_pooling_is_ref
         );
         let started = std::time::Instant::now();
         let error = Database::connect(&pooled.url(name)).await.unwrap_err();
-        let refused = error.downcast_ref::<DbError>();
         assert!(
-            matches!(refused, Some(DbError::Pooler(..))),
+            matches!(error, DbError::Pooler(..)),
             "ignoring extra_float_digits: {ignore_extra_float_digits}: {error:#}"
         );
         let message = format!("{error:#}");
