@@ -62,42 +62,31 @@ fn a_stage_that_cannot_start_exits_with_the_class_of_its_error() {
     let nats = NatsServer::start_with_token();
     let token = nats.token_file().unwrap().display().to_string();
     let db = AirflowDb::sqlite(Airflow::oldest());
-    let cases: [Case<'_>; 3] = [
+    let url = nats.url();
+    let sink = |db: &str, more: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "sink",
+            "--nats",
+            &url,
+            "--nats-token-file",
+            &token,
+            "--db",
+            db,
+        ];
+        args.extend(more);
+        args.into_iter().map(str::to_owned).collect()
+    };
+    let cases: [(Vec<String>, i32); 3] = [
         // Configuration: nats-server wants a token the processor does not give.
-        (&["process", "--nats", &nats.url()], &[], 78),
+        (vec!["process".into(), "--nats".into(), url.clone()], 78),
         // Configuration: applied ids kept an hour, commands kept longer by the stream.
-        (
-            &[
-                "sink",
-                "--nats",
-                &nats.url(),
-                "--nats-token-file",
-                &token,
-                "--db",
-                &db.url,
-                "--applied-retention-hours",
-                "1",
-            ],
-            &[],
-            78,
-        ),
+        (sink(&db.url, &["--applied-retention-hours", "1"]), 78),
         // Data: the sink's database is not Airflow's.
-        (
-            &[
-                "sink",
-                "--nats",
-                &nats.url(),
-                "--nats-token-file",
-                &token,
-                "--db",
-                "sqlite:///dev/null",
-            ],
-            &[],
-            65,
-        ),
+        (sink("sqlite:///dev/null", &[]), 65),
     ];
-    for (args, env, code) in cases {
-        let (got, stderr) = exits(args, env);
+    for (args, code) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (got, stderr) = exits(&args, &[]);
         assert_eq!(got, Some(code), "{args:?}: {stderr}");
     }
 }
