@@ -58,6 +58,8 @@ fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     }
     said::<podstream_sink::service::SinkError>(cause)
         .or_else(|| said::<podstream_processor::service::ProcessError>(cause))
+        .or_else(|| said::<podstream_ingest::service::IngestError>(cause))
+        .or_else(|| said::<podstream_ingest::service::KubeClientError>(cause))
         .or_else(|| said::<DbError>(cause))
         .or_else(|| said::<podstream_bus::StartError>(cause))
         .or_else(|| said::<ConnectError>(cause))
@@ -66,7 +68,6 @@ fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         .or_else(|| {
             (cause.is::<kube::config::InferConfigError>()
                 || cause.is::<kube::config::KubeconfigError>()
-                || cause.is::<podstream_ingest::access::Forbidden>()
                 || cause.is::<crate::decide::SigningKeyError>())
             .then_some(Fault::Configuration)
         })
@@ -125,9 +126,11 @@ mod tests {
                 Exit::Unavailable,
             ),
             (
-                anyhow::Error::new(podstream_ingest::access::Forbidden {
-                    missing: Vec::new(),
-                })
+                anyhow::Error::new(podstream_ingest::service::IngestError::from(
+                    podstream_ingest::access::Forbidden {
+                        missing: Vec::new(),
+                    },
+                ))
                 .context("starting the ingest"),
                 Exit::Config,
             ),

@@ -86,9 +86,10 @@ pub fn run(args: &IngestArgs) -> anyhow::Result<()> {
         let stats = args
             .shutdown
             .run(|shutdown| async move {
-                tokio::spawn(service::run(config, kube, shutdown))
+                let stats = tokio::spawn(service::run(config, kube, shutdown))
                     .await
-                    .context("the ingest task failed")?
+                    .context("the ingest task failed")??;
+                anyhow::Ok(stats)
             })
             .await?;
         eprintln!("ingest stopped: {stats}");

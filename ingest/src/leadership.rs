@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
@@ -190,9 +189,45 @@ pub struct Leadership {
     renewals: JoinHandle<()>,
 }
 
+/// Why this ingest could not come to lead.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The Lease could not be read or created.
+    #[error(
+        "opening the Lease {namespace}/{name} (the ingest needs get, create and patch on leases)"
+    )]
+    Open {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// The lease manager ended before electing this ingest.
+    #[error("the lease manager stopped before this ingest led")]
+    ManagerStopped(#[source] watch::error::RecvError),
+    /// The Lease could not be read after the election.
+    #[error("reading the Lease {name}")]
+    Read {
+        /// The Lease's name.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Elected, yet the Lease read next names another holder.
+    #[error("elected, but the Lease names another holder")]
+    NotHeld,
+}
+
 impl Leadership {
     /// Waits until this ingest holds the lease (creating it if needed).
-    pub async fn acquire(kube: kube::Client, config: &LeaseConfig) -> anyhow::Result<Leadership> {
+    pub async fn acquire(
+        kube: kube::Client,
+        config: &LeaseConfig,
+    ) -> Result<Leadership, LeaseError> {
         let api: Api<Lease> = Api::namespaced(kube.clone(), &config.namespace);
         reclaim_from_own_pod(&api, config).await;
         let manager = LeaseManagerBuilder::new(kube.clone(), &config.name)
@@ -203,11 +238,10 @@ impl Leadership {
             .with_create_mode(LeaseCreateMode::AutoCreate)
             .build()
             .await
-            .with_context(|| {
-                format!(
-                    "opening the Lease {}/{} (the ingest needs get, create and patch on leases)",
-                    config.namespace, config.name
-                )
+            .map_err(|source| LeaseError::Open {
+                namespace: config.namespace.clone(),
+                name: config.name.clone(),
+                source,
             })?;
         let (mut leading, manager) = manager.watch().await;
         tracing::info!(lease = %config.name, namespace = %config.namespace, identity = %config.identity, "waiting to lead");
@@ -215,11 +249,11 @@ impl Leadership {
             leading
                 .changed()
                 .await
-                .context("the lease manager stopped before this ingest led")?;
+                .map_err(LeaseError::ManagerStopped)?;
         }
         let deadline = renewed_deadline(&api, config)
             .await?
-            .ok_or_else(|| anyhow::anyhow!("elected, but the Lease names another holder"))?;
+            .ok_or(LeaseError::NotHeld)?;
         let fence = Fence::closing_at(deadline);
         let renewals = tokio::spawn(follow_renewals(api, config.clone(), fence.clone()));
         tracing::info!(lease = %config.name, identity = %config.identity, "leading");
@@ -292,11 +326,17 @@ async fn reclaim_from_own_pod(api: &Api<Lease>, config: &LeaseConfig) {
 
 /// Reads the Lease: the write deadline its last renewal gives this holder, `None` when
 /// another holds it.
-async fn renewed_deadline(api: &Api<Lease>, config: &LeaseConfig) -> anyhow::Result<Option<u64>> {
+async fn renewed_deadline(
+    api: &Api<Lease>,
+    config: &LeaseConfig,
+) -> Result<Option<u64>, LeaseError> {
     let lease = api
         .get(&config.name)
         .await
-        .with_context(|| format!("reading the Lease {}", config.name))?;
+        .map_err(|source| LeaseError::Read {
+            name: config.name.clone(),
+            source,
+        })?;
     let Some(spec) = lease.spec else {
         return Ok(None);
     };

@@ -39,7 +39,7 @@ async fn client(kubeconfig: &Path) -> kube::Client {
 }
 
 struct Ingest {
-    task: JoinHandle<anyhow::Result<IngestStats>>,
+    task: JoinHandle<Result<IngestStats, podstream_ingest::service::IngestError>>,
     stop: oneshot::Sender<()>,
 }
 

@@ -76,7 +76,7 @@ async fn the_database_over_verified_tls_with_a_password_file_or_a_client_certifi
         let Err(error) = Database::connect_to(&target).await else {
             panic!("connected to {}", target.redacted());
         };
-        let text = format!("{error:#}");
+        let text = podstream_bus::retry::with_causes(&error);
         assert!(!text.contains(PASSWORD), "{text}");
         text
     };

@@ -19,7 +19,6 @@ mod watch;
 use std::future::Future;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use podstream_bus::BusConfig;
 use podstream_bus::{Condition, Health};
 
@@ -114,13 +113,39 @@ impl std::fmt::Display for IngestStats {
     }
 }
 
+/// Why no Kubernetes client could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    /// No configuration was found.
+    #[error("no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The context asked for does not load.
+    #[error("kubeconfig context {context}")]
+    Context {
+        /// The context.
+        context: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The client could not be built from the configuration.
+    #[error("building the Kubernetes client")]
+    Build(#[source] kube::Error),
+}
+
+impl podstream_bus::fault::Classified for KubeClientError {
+    fn fault(&self) -> podstream_bus::fault::Fault {
+        podstream_bus::fault::Fault::Configuration
+    }
+}
+
 /// A Kubernetes client inferred like kubectl (`KUBECONFIG`, `~/.kube/config`, in-cluster),
 /// with another context when asked.
-pub async fn kube_client(context: Option<&str>) -> anyhow::Result<kube::Client> {
+pub async fn kube_client(context: Option<&str>) -> Result<kube::Client, KubeClientError> {
     let config = match context {
         None => kube::Config::infer()
             .await
-            .context("no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+            .map_err(KubeClientError::Infer)?,
         Some(context) => {
             let options = kube::config::KubeConfigOptions {
                 context: Some(context.to_owned()),
@@ -128,10 +153,56 @@ pub async fn kube_client(context: Option<&str>) -> anyhow::Result<kube::Client> 
             };
             kube::Config::from_kubeconfig(&options)
                 .await
-                .with_context(|| format!("kubeconfig context {context}"))?
+                .map_err(|source| KubeClientError::Context {
+                    context: context.to_owned(),
+                    source,
+                })?
         }
     };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    kube::Client::try_from(config).map_err(KubeClientError::Build)
+}
+
+/// Why the ingest did not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// Its Role lacks permissions its calls need (each one named).
+    #[error(transparent)]
+    Forbidden(#[from] crate::access::Forbidden),
+    /// The checkpoint would be written too rarely for the duplicate window to cover a crash.
+    #[error(
+        "the checkpoint interval ({interval:?}) must be under half the duplicate window ({window:?})"
+    )]
+    Window {
+        /// `--checkpoint-interval-ms`.
+        interval: Duration,
+        /// The pod-events stream's duplicate window.
+        window: Duration,
+    },
+    /// Connecting to NATS or making the streams ready failed.
+    #[error("starting on the bus")]
+    Bus(#[from] podstream_bus::StartError),
+    /// It could not come to lead.
+    #[error(transparent)]
+    Lease(#[from] crate::leadership::LeaseError),
+    /// Its checkpoint could not be opened, claimed, read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Another ingest leads now: this one may write nothing more.
+    #[error(transparent)]
+    Deposed(#[from] Deposed),
+}
+
+impl podstream_bus::fault::Classified for IngestError {
+    fn fault(&self) -> podstream_bus::fault::Fault {
+        use podstream_bus::fault::Fault;
+        match self {
+            IngestError::Forbidden(_) | IngestError::Window { .. } => Fault::Configuration,
+            IngestError::Bus(error) => error.fault(),
+            IngestError::Lease(_) | IngestError::Checkpoint(_) | IngestError::Deposed(_) => {
+                Fault::Other
+            }
+        }
+    }
 }
 
 /// The label selector of the worker-pod watch: every pod with the owner label, whoever owns
@@ -148,7 +219,7 @@ pub async fn run(
     config: IngestConfig,
     kube: kube::Client,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<IngestStats> {
+) -> Result<IngestStats, IngestError> {
     config.health.declare(Condition::WatchSynced);
     metrics::gauge!(podstream_bus::metrics::INGEST_LEADER).set(0.0);
     tokio::pin!(shutdown);
@@ -175,7 +246,7 @@ pub async fn run(
     loop {
         if let Some(deposed) = ingest.deposed() {
             // Written nothing since the fence closed; exiting makes this a fresh standby.
-            return Err(deposed);
+            return Err(deposed.into());
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -198,7 +269,7 @@ pub async fn run(
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
-    stats
+    Ok(stats?)
 }
 
 /// Resolves when a held lease is lost; never without an election.

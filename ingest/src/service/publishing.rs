@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::IngestStats;
 use super::watch::{Projected, project};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
 use crate::leadership::Deposed;
 use crate::listing::{FinishedList, ListAction};
@@ -45,7 +45,7 @@ pub(super) struct Ingest {
     /// Messages made and not yet sent, in order.
     pub staged: Vec<Message>,
     /// Why this ingest may write nothing more, once the checkpoint said so.
-    pub deposed: Option<anyhow::Error>,
+    pub deposed: Option<Deposed>,
     /// Ids of the pods' dead letters already made: a pod that stays unusable is one dead
     /// letter per reason, not one per revision.
     pub dead_made: hashlink::LruCache<String, ()>,
@@ -271,7 +271,7 @@ impl Ingest {
         self.publisher.poll_acked().await;
         self.record_acked();
         match self.checkpoint.flush_in_background() {
-            Some(error) if error.is::<Deposed>() => self.deposed = Some(error),
+            Some(CheckpointError::Deposed(deposed)) => self.deposed = Some(deposed),
             // A stale checkpoint only means republishing (deduplicated) after a restart.
             Some(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "checkpoint write failed; will retry")
@@ -282,16 +282,17 @@ impl Ingest {
 
     /// Why this ingest must stop writing, if it must: its fence closed, or another ingest
     /// wrote the checkpoint.
-    pub(super) fn deposed(&mut self) -> Option<anyhow::Error> {
+    pub(super) fn deposed(&mut self) -> Option<Deposed> {
         if let Some(deposed) = self.deposed.take() {
             return Some(deposed);
         }
         self.publisher
             .deposed()
-            .then(|| Deposed("the lease ran out before it was renewed".into()).into())
+            .then(|| Deposed("the lease ran out before it was renewed".into()))
     }
 
-    pub(super) async fn stop(mut self) -> anyhow::Result<IngestStats> {
+    /// Drains what is in flight and writes the checkpoint a last time.
+    pub(super) async fn stop(mut self) -> Result<IngestStats, Deposed> {
         self.publisher.drain().await;
         self.record_acked();
         if let Some(deposed) = self.deposed() {
@@ -312,14 +313,14 @@ impl Ingest {
     /// The last checkpoint write, retried for [`FINAL_FLUSH_FOR`] (a JetStream cluster
     /// electing the bucket's leader refuses writes meanwhile). Given up, it is no failure of
     /// the stop: a stale checkpoint only means the successor republishes, deduplicated.
-    async fn final_flush(&mut self) -> anyhow::Result<()> {
+    async fn final_flush(&mut self) -> Result<(), Deposed> {
         let give_up = Instant::now() + FINAL_FLUSH_FOR;
         let mut backoff =
             podstream_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {
             match self.checkpoint.flush().await {
                 Ok(()) => return Ok(()),
-                Err(error) if error.is::<Deposed>() => return Err(error),
+                Err(CheckpointError::Deposed(deposed)) => return Err(deposed),
                 Err(error) if Instant::now() + backoff.delay() >= give_up => {
                     tracing::warn!(error = %format!("{error:#}"), "the last checkpoint write failed; a successor republishes what it missed");
                     return Ok(());

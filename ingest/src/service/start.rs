@@ -9,7 +9,7 @@ use podstream_proto::subject::Stream;
 
 use super::publishing::Ingest;
 use super::watch::BURST;
-use super::{IngestConfig, IngestStats, worker_selector};
+use super::{IngestConfig, IngestError, IngestStats, worker_selector};
 use crate::access;
 use crate::checkpoint::Checkpoint;
 use crate::known::KnownPods;
@@ -29,7 +29,7 @@ pub(super) async fn start(
     config: &IngestConfig,
     kube: &kube::Client,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<Option<Started>> {
+) -> Result<Option<Started>, IngestError> {
     let health = &config.health;
     let needed = access::needed(&config.namespaces, config.lease.as_ref(), config.spark);
     if access::require(kube, &needed).await? == access::Checked::Granted {
@@ -112,11 +112,12 @@ pub(super) async fn start(
 fn fits_the_duplicate_window(
     checkpoint_interval: Duration,
     window: Duration,
-) -> anyhow::Result<()> {
+) -> Result<(), IngestError> {
     if checkpoint_interval * 2 > window {
-        anyhow::bail!(
-            "the checkpoint interval ({checkpoint_interval:?}) must be under half the duplicate window ({window:?})"
-        );
+        return Err(IngestError::Window {
+            interval: checkpoint_interval,
+            window,
+        });
     }
     Ok(())
 }
