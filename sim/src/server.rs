@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use anyhow::Context;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -21,15 +20,32 @@ pub struct Server {
     task: JoinHandle<()>,
 }
 
+/// Why the simulator could not serve, or write its kubeconfig.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The cluster could not be made (no Tokio runtime).
+    #[error("creating the simulated cluster")]
+    Cluster(#[source] crate::status::ApiError),
+    /// The address could not be bound.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    /// The bound address could not be read back.
+    #[error("reading the bound address")]
+    Address(#[source] std::io::Error),
+    /// The kubeconfig could not be written.
+    #[error("writing kubeconfig {0}")]
+    Kubeconfig(std::path::PathBuf, #[source] std::io::Error),
+}
+
 impl Server {
     /// Binds `listen` (port 0 picks a free one) and serves a fresh cluster on it.
-    pub async fn start(listen: SocketAddr, config: SimConfig) -> anyhow::Result<Server> {
+    pub async fn start(listen: SocketAddr, config: SimConfig) -> Result<Server, ServerError> {
         let allowed_hosts = config.allowed_hosts.clone();
-        let cluster = Cluster::new(config).context("creating the simulated cluster")?;
+        let cluster = Cluster::new(config).map_err(ServerError::Cluster)?;
         let listener = TcpListener::bind(listen)
             .await
-            .with_context(|| format!("binding {listen}"))?;
-        let addr = listener.local_addr().context("reading the bound address")?;
+            .map_err(|error| ServerError::Bind(listen, error))?;
+        let addr = listener.local_addr().map_err(ServerError::Address)?;
         let app = router(AppState {
             cluster: cluster.clone(),
             address: addr.to_string(),
@@ -87,9 +103,9 @@ impl Server {
     }
 
     /// Writes the kubeconfig to a file.
-    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), ServerError> {
         std::fs::write(path, self.kubeconfig())
-            .with_context(|| format!("writing kubeconfig {}", path.display()))
+            .map_err(|error| ServerError::Kubeconfig(path.to_owned(), error))
     }
 
     /// Stops serving: closes watches and waits for the server to finish.

@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The simulator's namespace for worker pods, which the rigs' components watch.
+pub const NS: &str = "airflow";
+
 /// A `podstream` child process; SIGKILLed when dropped.
 pub struct Component {
     child: Child,
@@ -23,20 +26,12 @@ impl Component {
     }
 
     /// `podstream run` of this tree on NATS at `nats` and the database at `db`, watching the
-    /// simulator's namespace ([`crate::recovery::NS`]), with `more` flags.
+    /// simulator's namespace ([`NS`]), with `more` flags.
     ///
     /// # Panics
     /// When it cannot be started.
     pub fn run(nats: &str, db: &str, kubeconfig: &Path, more: &[&str]) -> Component {
-        let mut args = vec![
-            "run",
-            "--nats",
-            nats,
-            "--db",
-            db,
-            "--namespaces",
-            crate::recovery::NS,
-        ];
+        let mut args = vec!["run", "--nats", nats, "--db", db, "--namespaces", NS];
         args.extend_from_slice(more);
         Component::start(crate::podstream_binary(), &args, kubeconfig)
     }

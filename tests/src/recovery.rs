@@ -16,10 +16,9 @@ use podstream_stage::nats::NatsServer;
 use sqlx::Row;
 
 use crate::component::Component;
+pub use crate::component::NS;
 use podstream_proto::subject::stream_names;
 
-/// The simulator's namespace for worker pods.
-pub const NS: &str = "airflow";
 const DAG: &str = "recovery";
 const RUN: &str = "manual__2026-12-02";
 const TASKS: [&str; 5] = ["failed", "failed-later", "adopted", "succeeded", "running"];

@@ -2,7 +2,8 @@
 //!
 //! Start (`start.rs`): connect to NATS (retrying), make the streams and the checkpoint bucket
 //! ready, wait to lead (see [`crate::leadership`]), claim and load the checkpoint. Then
-//! kube-runtime's `watcher` lists and watches (`watch.rs`). Every list (the first, and one
+//! kube-runtime's `watcher` lists and watches (`watch.rs`), each pod projected as it is read
+//! to its event or its dead letter (`projected.rs`). Every list (the first, and one
 //! after each 410) is held back until it is complete, and then (`publishing.rs`):
 //! 1. if the ingest knows a revision it had reached (from the checkpoint, or its own watch),
 //!    the apiserver's history since that revision is replayed with a short watch, so changes
@@ -12,6 +13,7 @@
 //! 3. pods the ingest knew that were neither listed nor replayed vanished unseen: each gets a
 //!    synthesized delete.
 
+mod projected;
 mod publishing;
 mod start;
 mod watch;

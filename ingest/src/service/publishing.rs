@@ -13,7 +13,7 @@ use podstream_proto::v1::EventType;
 use tokio::time::Instant;
 
 use super::IngestStats;
-use super::watch::{Projected, project};
+use super::projected::{Projected, project};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::known::{KnownPods, Outgoing, Sighting, UidSet};
 use crate::leadership::Deposed;

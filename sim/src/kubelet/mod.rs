@@ -21,7 +21,6 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::Context;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -43,31 +42,66 @@ pub const NODE_NAME: &str = "podstream-sim-node";
 /// The node's address, and every pod's.
 const NODE_IP: &str = "127.0.0.1";
 
+/// Why the kubelet did not start: its directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// The directory could not be made, read or resolved.
+    #[error("{what} the kubelet's directory {dir}")]
+    Dir {
+        /// What was done to it.
+        what: &'static str,
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory is another user's, or others may write to it.
+    #[error(
+        "the kubelet's directory {dir} belongs to uid {uid} with mode {mode:o}: it must be this user's (uid {me}) and writable by no one else"
+    )]
+    NotPrivate {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// This user.
+        me: u32,
+    },
+}
+
+impl KubeletError {
+    fn dir(what: &'static str, dir: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self {
+        let dir = dir.to_owned();
+        move |source| KubeletError::Dir { what, dir, source }
+    }
+}
+
 /// The kubelet's directory, made for this user alone (0700) and resolved. An existing one
 /// must be this user's and closed to others' writes: pods' programs, logs and working
 /// directories live there, and a directory another user prepared could swap them.
-fn prepare(config: &KubeletConfig) -> anyhow::Result<PathBuf> {
+fn prepare(config: &KubeletConfig) -> Result<PathBuf, KubeletError> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let root = &config.root;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&config.root)
-        .with_context(|| format!("creating the kubelet's directory {}", config.root.display()))?;
-    let found = std::fs::metadata(&config.root)
-        .with_context(|| format!("reading {}", config.root.display()))?;
+        .create(root)
+        .map_err(KubeletError::dir("creating", root))?;
+    let found = std::fs::metadata(root).map_err(KubeletError::dir("reading", root))?;
     let me = nix::unistd::geteuid().as_raw();
     if found.uid() != me || found.mode() & 0o022 != 0 {
-        anyhow::bail!(
-            "the kubelet's directory {} belongs to uid {} with mode {:o}: it must be this user's (uid {me}) and writable by no one else",
-            config.root.display(),
-            found.uid(),
-            found.mode() & 0o7777
-        );
+        return Err(KubeletError::NotPrivate {
+            dir: root.clone(),
+            uid: found.uid(),
+            mode: found.mode() & 0o7777,
+            me,
+        });
     }
-    config
-        .root
-        .canonicalize()
-        .with_context(|| format!("resolving {}", config.root.display()))
+    root.canonicalize()
+        .map_err(KubeletError::dir("resolving", root))
 }
 
 /// How the kubelet runs.
@@ -184,7 +218,7 @@ impl Reaper {
 
 impl Kubelet {
     /// Starts running the cluster's pods (those already there first) on the current runtime.
-    pub fn start(cluster: Cluster, config: KubeletConfig) -> anyhow::Result<Kubelet> {
+    pub fn start(cluster: Cluster, config: KubeletConfig) -> Result<Kubelet, KubeletError> {
         let root = prepare(&config)?;
         cluster.attach_pod_logs(root.clone());
         Ok(Kubelet::run(
@@ -203,7 +237,7 @@ impl Kubelet {
         client: kube::Client,
         namespace: Option<String>,
         config: KubeletConfig,
-    ) -> anyhow::Result<Kubelet> {
+    ) -> Result<Kubelet, KubeletError> {
         let root = prepare(&config)?;
         let heartbeat = tokio::spawn(api::register_node(
             client.clone(),
