@@ -68,7 +68,7 @@ fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         .or_else(|| {
             (cause.is::<kube::config::InferConfigError>()
                 || cause.is::<kube::config::KubeconfigError>()
-                || cause.is::<crate::decide::SigningKeyError>())
+                || cause.is::<crate::offline::decide::SigningKeyError>())
             .then_some(Fault::Configuration)
         })
         .or_else(|| cause.is::<sqlx::Error>().then_some(Fault::Unavailable))

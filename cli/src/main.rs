@@ -1,44 +1,28 @@
 //! `podstream`: one binary for every component of the pipeline.
+//!
+//! Rooms by command family: `stages/` (`run`, `ingest`, `process`, `sink`), `history/`
+//! (`tail`, `replay`, the timeline page), `offline/` (`decide`, `apply`), `world/` (`demo`,
+//! `sim`, `kubelet`: the test world, left out of the production build), `args/` (the flags
+//! they share); `exit_code.rs` and `signal.rs` serve them all.
 
-mod apply;
-mod db_args;
-mod decide;
-#[cfg(feature = "test-world")]
-mod demo;
-#[cfg(feature = "test-world")]
-mod demo_airflow;
-#[cfg(feature = "test-world")]
-mod demo_watcher;
+mod args;
 mod exit_code;
-mod ingest;
-mod json_stream;
-mod kube_args;
-#[cfg(feature = "test-world")]
-mod kubelet;
-mod lease_args;
-mod lines;
-mod ops;
-mod pipeline;
-mod process;
-mod read_ahead;
-mod replay;
-mod retention_args;
-mod run;
+mod history;
+mod offline;
 mod signal;
+mod stages;
 #[cfg(feature = "test-world")]
-mod sim;
-mod sink;
-mod spark_args;
-mod spark_json;
-mod stream_args;
-mod tail;
-mod timeline;
-mod timeline_page;
+mod world;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use history::{replay, tail};
+use offline::{apply, decide};
+use stages::{ingest, process, run, sink};
 use tracing_subscriber::EnvFilter;
+#[cfg(feature = "test-world")]
+use world::{demo, kubelet, sim};
 
 /// mimalloc rather than the system allocator: every event and command is a
 /// handful of short strings, and glibc's malloc is slow at that (BENCHMARKS.md).

@@ -5,7 +5,7 @@
 //! for it in input order, and fills the slot once it has projected the block's lines. The
 //! deciding thread reads the blocks back as one [`BufRead`] and asks
 //! [`Projections::take`] for a line's result by its line number, as
-//! [`JsonFrames::next_with`](crate::json_stream::JsonFrames::next_with) numbers them.
+//! [`JsonFrames::next_with`](crate::offline::json_stream::JsonFrames::next_with) numbers them.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex};
 
-use crate::json_stream::one_object;
+use crate::offline::json_stream::one_object;
 
 /// How much a worker reads at once: a few hundred events. Smaller blocks hand over more often
 /// (each handover may wake a thread), larger ones hold more memory in flight.

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::timeline::{Lane, MAX_LANES, PodBar, PodState, Timeline};
+use crate::history::timeline::{Lane, MAX_LANES, PodBar, PodState, Timeline};
 
 /// Width of the column of names, in pixels.
 const LABELS: f64 = 280.0;
@@ -345,12 +345,12 @@ document.addEventListener('focusin',show);document.addEventListener('mouseover',
 #[cfg(test)]
 mod tests {
     use super::{escape, render};
-    use crate::timeline::Timeline;
+    use crate::history::timeline::Timeline;
     use podstream_proto::v1::{self, PodRef, TaskKey, command::Kind};
 
     #[test]
     fn a_full_page_stays_a_few_megabytes() {
-        use crate::timeline::MAX_LANES;
+        use crate::history::timeline::MAX_LANES;
         use podstream_proto::PodEvent;
         // A busy week: more task instances than a page holds, each pod with 20 events.
         let mut timeline = Timeline::new();
@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn unreadable_messages_are_named_where_they_are() {
-        use crate::timeline::MAX_UNREADABLE_NAMED;
+        use crate::history::timeline::MAX_UNREADABLE_NAMED;
         let mut timeline = Timeline::new();
         assert!(!render(&timeline, "t", "").contains("could not be read"));
         timeline.unreadable(10, "pods", 7);

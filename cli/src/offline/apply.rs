@@ -10,7 +10,7 @@ use podstream_proto::line::CommandLine;
 use podstream_sink::summary::Summary;
 use podstream_sink::{Database, Item, Outcome};
 
-use crate::db_args::DbArgs;
+use crate::args::db::DbArgs;
 
 /// Flags of `podstream apply`.
 #[derive(Debug, Args)]

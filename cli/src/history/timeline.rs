@@ -1,7 +1,7 @@
 //! A task's history as a picture's model: one lane per task instance, a bar per pod made of
 //! spans (one per pod event, coloured by phase), the owner changes on each bar, which pod
 //! drives the TI, and podstream's commands as marks. Fed in time order by `replay` (and the
-//! demo); drawn by [`crate::timeline_page`]. No I/O here.
+//! demo); drawn by [`crate::history::timeline_page`]. No I/O here.
 
 use std::collections::{HashMap, HashSet};
 

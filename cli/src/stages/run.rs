@@ -11,14 +11,14 @@ use podstream_processor::service::{BUCKET_ROLE, ProcessConfig};
 use podstream_sink::Database;
 use podstream_sink::service::SinkConfig;
 
-use crate::db_args::DbArgs;
-use crate::decide::RulesArgs;
-use crate::kube_args::KubeArgs;
-use crate::lease_args::LeaseArgs;
-use crate::pipeline::{Pipeline, PipelineConfig};
-use crate::retention_args::RetentionArgs;
+use crate::args::db::DbArgs;
+use crate::args::kube::KubeArgs;
+use crate::args::lease::LeaseArgs;
+use crate::args::retention::RetentionArgs;
+use crate::args::stream::{AckWaitArgs, StreamArgs};
+use crate::offline::decide::RulesArgs;
 use crate::signal::ShutdownArgs;
-use crate::stream_args::{AckWaitArgs, StreamArgs};
+use crate::stages::pipeline::{Pipeline, PipelineConfig};
 
 /// Flags of `podstream run`.
 #[derive(Debug, Args)]
@@ -31,7 +31,7 @@ use crate::stream_args::{AckWaitArgs, StreamArgs};
 )))]
 pub struct RunArgs {
     #[command(flatten)]
-    pub nats: crate::stream_args::NatsArgs,
+    pub nats: crate::args::stream::NatsArgs,
     /// Storage of the local nats-server (ignored with --nats).
     #[arg(long, env = "PODSTREAM_DATA_DIR", default_value = "podstream-data")]
     pub data_dir: PathBuf,
@@ -43,11 +43,11 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
-    pub selector: crate::kube_args::PodSelectorArgs,
+    pub selector: crate::args::kube::PodSelectorArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
     #[command(flatten)]
-    pub ops: crate::ops::OpsArgs,
+    pub ops: crate::args::ops::OpsArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
@@ -55,15 +55,15 @@ pub struct RunArgs {
     #[command(flatten)]
     pub retention: RetentionArgs,
     #[command(flatten)]
-    pub sink_batching: crate::sink::SinkBatchArgs,
+    pub sink_batching: crate::stages::sink::SinkBatchArgs,
     #[command(flatten)]
     pub ack_wait: AckWaitArgs,
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
     #[command(flatten)]
-    pub spark: crate::spark_args::SparkArgs,
+    pub spark: crate::args::spark::SparkArgs,
     #[command(flatten)]
-    pub spark_bucket: crate::spark_args::SparkBucketArgs,
+    pub spark_bucket: crate::args::spark::SparkBucketArgs,
 }
 
 impl RunArgs {

@@ -7,9 +7,9 @@ use clap::Args;
 use podstream_sink::Database;
 use podstream_sink::service::{self, SinkConfig};
 
-use crate::db_args::DbArgs;
-use crate::retention_args::RetentionArgs;
-use crate::stream_args::{AckWaitArgs, NatsArgs, StreamArgs};
+use crate::args::db::DbArgs;
+use crate::args::retention::RetentionArgs;
+use crate::args::stream::{AckWaitArgs, NatsArgs, StreamArgs};
 
 /// Flags of `podstream sink`.
 #[derive(Debug, Args)]
@@ -20,7 +20,7 @@ pub struct SinkArgs {
     #[command(flatten)]
     nats: NatsArgs,
     #[command(flatten)]
-    ops: crate::ops::OpsArgs,
+    ops: crate::args::ops::OpsArgs,
     #[command(flatten)]
     streams: StreamArgs,
     #[command(flatten)]

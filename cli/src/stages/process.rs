@@ -4,8 +4,8 @@ use anyhow::Context;
 use clap::Args;
 use podstream_processor::service::{self, ProcessConfig};
 
-use crate::decide::RulesArgs;
-use crate::stream_args::{AckWaitArgs, NatsArgs, StreamArgs};
+use crate::args::stream::{AckWaitArgs, NatsArgs, StreamArgs};
+use crate::offline::decide::RulesArgs;
 
 /// Flags of `podstream process`.
 #[derive(Debug, Args)]
@@ -16,7 +16,7 @@ pub struct ProcessArgs {
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
-    pub ops: crate::ops::OpsArgs,
+    pub ops: crate::args::ops::OpsArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
     /// Schedulers (`airflow-worker` values) to process, comma-separated; every scheduler when
@@ -57,9 +57,9 @@ pub struct ProcessArgs {
     #[command(flatten)]
     pub rules: RulesArgs,
     #[command(flatten)]
-    pub spark: crate::spark_args::SparkArgs,
+    pub spark: crate::args::spark::SparkArgs,
     #[command(flatten)]
-    pub spark_bucket: crate::spark_args::SparkBucketArgs,
+    pub spark_bucket: crate::args::spark::SparkBucketArgs,
 }
 
 impl ProcessArgs {

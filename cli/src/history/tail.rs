@@ -1,12 +1,12 @@
 //! `podstream tail`: pod events and commands as they happen, for people or for `jq`.
 
-use crate::stream_args::{NatsArgs, PrefixArgs};
+use crate::args::stream::{NatsArgs, PrefixArgs};
 use anyhow::Context;
 use clap::Args;
 use futures::StreamExt;
 use podstream_proto::subject::ROLE_HEADER;
 
-use crate::lines;
+use crate::history::lines;
 
 /// Flags of `podstream tail`.
 #[derive(Debug, Args)]

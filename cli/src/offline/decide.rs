@@ -15,9 +15,9 @@ use podstream_proto::line::CommandLine;
 use podstream_proto::v1::{PodEvent, PodRef, SparkEvent};
 use tracing::{debug, info, warn};
 
-use crate::json_stream::{Frame, JsonFrames, MAX_VALUE_BYTES, Next};
-use crate::read_ahead::ReadAhead;
-use crate::spark_json::spark_items;
+use crate::offline::json_stream::{Frame, JsonFrames, MAX_VALUE_BYTES, Next};
+use crate::offline::read_ahead::ReadAhead;
+use crate::offline::spark_json::spark_items;
 
 /// Arguments of `podstream decide`.
 #[derive(Debug, clap::Args)]

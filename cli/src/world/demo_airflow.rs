@@ -19,9 +19,9 @@ use podstream_stage::airflow::Airflow;
 use podstream_stage::real_airflow::Executor;
 use podstream_stage::stories::{self, Story};
 
-use crate::replay;
-use crate::timeline::Timeline;
-use crate::timeline_page::{self, Part};
+use crate::history::replay;
+use crate::history::timeline::Timeline;
+use crate::history::timeline_page::{self, Part};
 
 /// What one play of a story came to.
 struct Played {

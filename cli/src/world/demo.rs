@@ -25,9 +25,9 @@ use podstream_sink::seed::{SeedTi, TiRow};
 use podstream_sink::service::SinkConfig;
 use prost::Message as _;
 
-use crate::demo_airflow;
-use crate::demo_watcher::{self, WatcherReport};
-use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::stages::pipeline::{Pipeline, PipelineConfig};
+use crate::world::demo_airflow;
+use crate::world::demo_watcher::{self, WatcherReport};
 
 const DAG: &str = "podstream_demo";
 const RUN: &str = "manual__2026-11-30";
@@ -248,8 +248,9 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let _ = stop.send(());
     running.await.context("the pipeline panicked")??;
     if let Some(file) = &args.html {
-        let timeline = crate::replay::timeline_of(&js, &subjects).await?;
-        let page = crate::timeline_page::render(&timeline, "podstream demo: the stories", "");
+        let timeline = crate::history::replay::timeline_of(&js, &subjects).await?;
+        let page =
+            crate::history::timeline_page::render(&timeline, "podstream demo: the stories", "");
         std::fs::write(file, page).with_context(|| format!("writing {}", file.display()))?;
         eprintln!(
             "podstream demo: the stories' timeline is in {}",

@@ -4,9 +4,9 @@ use anyhow::Context;
 use clap::Args;
 use podstream_ingest::service::{self, IngestConfig};
 
-use crate::kube_args::KubeArgs;
-use crate::lease_args::LeaseArgs;
-use crate::stream_args::{NatsArgs, StreamArgs};
+use crate::args::kube::KubeArgs;
+use crate::args::lease::LeaseArgs;
+use crate::args::stream::{NatsArgs, StreamArgs};
 
 /// Flags of `podstream ingest`.
 #[derive(Debug, Args)]
@@ -23,7 +23,7 @@ pub struct IngestArgs {
     #[command(flatten)]
     pub lease: LeaseArgs,
     #[command(flatten)]
-    pub ops: crate::ops::OpsArgs,
+    pub ops: crate::args::ops::OpsArgs,
     /// Publishes awaiting their ack at most.
     #[arg(long, env = "PODSTREAM_ACK_WINDOW", default_value_t = service::DEFAULT_ACK_WINDOW)]
     pub ack_window: usize,
@@ -31,7 +31,7 @@ pub struct IngestArgs {
     #[arg(long, env = "PODSTREAM_CHECKPOINT_BUCKET")]
     pub checkpoint_bucket: Option<String>,
     #[command(flatten)]
-    pub selector: crate::kube_args::PodSelectorArgs,
+    pub selector: crate::args::kube::PodSelectorArgs,
     /// Milliseconds between checkpoint writes at most: each write rewrites the shards whose
     /// pods changed. After a crash, what was published since the last write is published
     /// again, which the duplicate window absorbs, so it must stay well under that window.
@@ -44,7 +44,7 @@ pub struct IngestArgs {
     #[command(flatten)]
     pub shutdown: crate::signal::ShutdownArgs,
     #[command(flatten)]
-    pub spark: crate::spark_args::SparkArgs,
+    pub spark: crate::args::spark::SparkArgs,
 }
 
 impl IngestArgs {

@@ -10,6 +10,6 @@ pub struct RetentionArgs {
     /// least the commands stream's max age, as the stream has it (a command still in the
     /// stream must not apply twice); 0 keeps them forever. Default: the stream's max age plus
     /// 24, or forever for a stream that keeps commands forever.
-    #[arg(long, env = "PODSTREAM_APPLIED_RETENTION_HOURS", value_parser = crate::stream_args::parse_hours)]
+    #[arg(long, env = "PODSTREAM_APPLIED_RETENTION_HOURS", value_parser = crate::args::stream::parse_hours)]
     pub applied_retention_hours: Option<std::time::Duration>,
 }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::stream_args::{NatsArgs, PrefixArgs};
+use crate::args::stream::{NatsArgs, PrefixArgs};
 use anyhow::Context;
 use async_nats::jetstream;
 use clap::Args;
@@ -16,10 +16,10 @@ use prost::Message as _;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::decide::RulesArgs;
-use crate::lines;
-use crate::timeline::Timeline;
-use crate::timeline_page;
+use crate::history::lines;
+use crate::history::timeline::Timeline;
+use crate::history::timeline_page;
+use crate::offline::decide::RulesArgs;
 
 /// Flags of `podstream replay`.
 #[derive(Debug, Args)]
@@ -559,7 +559,7 @@ struct Redecide {
 }
 
 impl Redecide {
-    fn new(args: &ReplayArgs) -> Result<Redecide, crate::decide::SigningKeyError> {
+    fn new(args: &ReplayArgs) -> Result<Redecide, crate::offline::decide::SigningKeyError> {
         Ok(Redecide {
             processor: Processor::new(args.rules.rules()?, MemoryStore::default()),
             unmatched: BTreeMap::new(),

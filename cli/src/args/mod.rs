@@ -1,0 +1,10 @@
+//! The flags the commands share, one file per concern: where NATS, the database and the
+//! Kubernetes API are, the Lease, Spark, retention, and the metrics endpoint.
+
+pub(crate) mod db;
+pub(crate) mod kube;
+pub(crate) mod lease;
+pub(crate) mod ops;
+pub(crate) mod retention;
+pub(crate) mod spark;
+pub(crate) mod stream;
