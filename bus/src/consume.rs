@@ -2,7 +2,7 @@
 //! [`Handler`] owns what a message means.
 //!
 //! The loop pulls with a bound (`batch_size` at a time, and in the priority group with an
-//! expiry well below the failover when the consumer is [pinned](crate::pinned)), holds each
+//! expiry well below the failover when the consumer is [pinned](mod@crate::pinned)), holds each
 //! message from its arrival ([`InFlight`]: progress acks while the stage works on it), acks a
 //! previous owner's copy of a transfer (its event is on the new owner's subject), dead-letters
 //! what the handler cannot decode, and hands the rest over in arrival order, only while the

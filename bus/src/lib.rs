@@ -1,13 +1,13 @@
 //! The NATS side every podstream component shares.
 //!
-//! - [`backoff`]: doubling, jittered delays between retries, shared by every retry loop.
+//! - `backoff`: doubling, jittered delays between retries, shared by every retry loop.
 //! - [`config`]: the bus configuration every component shares (server, prefix, stream
 //!   settings) and its defaults.
-//! - [`connect`]: connecting to NATS with credentials and TLS, retrying with backoff while no
+//! - [`connect`](mod@connect): connecting to NATS with credentials and TLS, retrying with backoff while no
 //!   server answers, and URLs redacted wherever they are shown.
 //! - [`streams`]: the JetStream streams podstream writes, their settings, and creating or
 //!   updating them idempotently (a conflicting stream is refused, never overwritten).
-//! - [`start`]: a component's start on the bus: connect, then make its streams ready.
+//! - [`start`](mod@start): a component's start on the bus: connect, then make its streams ready.
 //! - [`local_server`]: a local `nats-server` child process, for `run`, `demo` and the tests.
 //! - [`in_flight`]: the messages a stage holds unacked, kept from redelivery with progress
 //!   acks while it works on them (the consumers' ack wait is short, for crash recovery).
@@ -23,16 +23,16 @@
 //! - [`pinned`]: a consumer pinned to one instance at a time, bound and let go.
 //! - [`dead`]: dead letters: the original bytes and the reason, on `podstream.dead.<stage>`.
 //! - [`role`]: the `Podstream-Role` header that marks the copy for a pod's previous owner.
-//! - [`health`]: the readiness conditions a component declares and flips.
+//! - `health`: the readiness conditions a component declares and flips.
 //! - [`metrics`]: the name of every exported metric.
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod config;
 pub mod connect;
 pub mod consume;
 pub mod dead;
 pub mod fault;
-pub mod health;
+pub(crate) mod health;
 pub mod history;
 pub mod in_flight;
 pub mod local_server;

@@ -1,19 +1,19 @@
 //! The Kubernetes side of podstream.
 //!
 //! - [`projection`]: a worker `Pod` reduced to the `PodEvent` the rules need,
-//!   or a typed reason why it cannot be; [`dead_pod`]: what a dead letter keeps of a pod it
+//!   or a typed reason why it cannot be; `dead_pod`: what a dead letter keeps of a pod it
 //!   could not use (never its spec).
 //! - [`access`]: the Kubernetes permissions the ingest's calls need, asked before it starts.
 //! - [`known`]: what the ingest publishes for each observed pod (the pure core: skips,
 //!   owner notices, synthesized deletes).
-//! - [`listing`]: what one watched scope's list is doing (held back or streaming), as a
+//! - `listing`: what one watched scope's list is doing (held back or streaming), as a
 //!   state machine.
-//! - [`publisher`]: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
+//! - `publisher`: in-order publishing with a bounded ack window; [`checkpoint`]: the KV
 //!   checkpoint; [`leadership`]: the Lease that elects one ingest, and its write fence;
 //!   [`service`]: `podstream ingest`, the watch loop that ties them together.
-//! - [`read_ahead`]: a watch driven in its own task, read ahead of the publishing loop.
+//! - `read_ahead`: a watch driven in its own task, read ahead of the publishing loop.
 //! - [`pod_json`]: a pod watch event projected straight from JSON, reading only what the
-//!   projection needs (`decide`'s fast path), walked by [`json_scan`].
+//!   projection needs (`decide`'s fast path), walked by `json_scan`.
 //! - [`watched_pod`]: the pod type the ingest watches: projected as it is read, kept as text
 //!   only when it cannot be (for its dead letter).
 //! - [`watch_json`]: Kubernetes JSON as `kubectl` prints it (watch events,
@@ -24,15 +24,15 @@
 
 pub mod access;
 pub mod checkpoint;
-pub mod dead_pod;
-pub mod json_scan;
+pub(crate) mod dead_pod;
+pub(crate) mod json_scan;
 pub mod known;
 pub mod leadership;
-pub mod listing;
+pub(crate) mod listing;
 pub mod pod_json;
 pub mod projection;
-pub mod publisher;
-pub mod read_ahead;
+pub(crate) mod publisher;
+pub(crate) mod read_ahead;
 pub mod service;
 pub mod spark;
 pub mod watch_json;

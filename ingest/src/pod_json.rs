@@ -1,4 +1,4 @@
-//! A pod watch event projected straight from its JSON text by [`crate::json_scan`],
+//! A pod watch event projected straight from its JSON text by `json_scan`,
 //! reading only the fields the projection needs and skipping the rest unbuilt.
 //!
 //! `podstream decide` reads most of its input this way: a worker pod is about a

@@ -125,11 +125,6 @@ impl Publisher {
         self.duplicates
     }
 
-    /// Messages awaiting their ack.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
     /// The messages acked since the last call, oldest first. Dropping the iterator before
     /// its end drops the rest with it, so take them all.
     pub fn take_acked(&mut self) -> std::vec::Drain<'_, Acked> {

@@ -127,7 +127,7 @@ pub const DEFAULT_FINISHED_TASKS: usize = 10_000;
 /// A [`StateStore`] in process memory: the pipeline's KV record of each task instance, so
 /// an event costs one lookup. A finished task instance (every pod it had is deleted) is
 /// kept for late repeats of its events only as long as it is among the last
-/// [`DEFAULT_FINISHED_TASKS`] to finish: a deleted pod is never listed again, so only a
+/// `DEFAULT_FINISHED_TASKS` to finish: a deleted pod is never listed again, so only a
 /// replayed input can bring its events back, and those are decided again with the same
 /// command ids, which the sink skips. So memory follows the live task instances, not
 /// everything ever seen.

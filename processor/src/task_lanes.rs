@@ -54,7 +54,8 @@ impl<T> TaskLanes<T> {
     }
 
     /// Task instances with a running group.
-    pub fn busy(&self) -> usize {
+    #[cfg(test)]
+    fn busy(&self) -> usize {
         self.busy.len()
     }
 }

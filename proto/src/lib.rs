@@ -4,7 +4,7 @@
 //!   (`PodEvent`, `Command`, `TaskKey`, `PodRef`).
 //! - [`subject`]: subject names on JetStream and the token encoding that makes
 //!   any Kubernetes label value exactly one subject token.
-//! - [`line`]: the JSON line form of a command, `podstream decide`'s output
+//! - [`line`](mod@line): the JSON line form of a command, `podstream decide`'s output
 //!   (docs/contract.md §1).
 //! - [`msg_id`]: every `Nats-Msg-Id` podstream writes.
 //! - [`task`]: conveniences on the TI key and pod reference.

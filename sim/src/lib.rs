@@ -8,28 +8,28 @@
 //! and `410 Gone` for history that compaction removed.
 //!
 //! - [`store`]: the versioned objects and the change log (no I/O).
-//! - [`cluster`]: the verbs, deletion timers and the control API tests drive pods with.
-//! - [`watch`]: watch streams; [`http`]: URL layout and query parameters; [`server`]: serving.
+//! - `cluster`: the verbs, deletion timers and the control API tests drive pods with.
+//! - [`watch`]: watch streams; `http`: URL layout and query parameters; `server`: serving.
 
-pub mod apply;
-pub mod cluster;
-pub mod container;
-pub mod custom;
-pub mod discovery;
-pub mod http;
+pub(crate) mod apply;
+pub(crate) mod cluster;
+pub(crate) mod container;
+pub(crate) mod custom;
+pub(crate) mod discovery;
+pub(crate) mod http;
 pub mod kubelet;
-pub mod names;
+pub(crate) mod names;
 pub mod object;
-pub mod patch;
-pub mod protobuf;
-pub mod query;
+pub(crate) mod patch;
+pub(crate) mod protobuf;
+pub(crate) mod query;
 pub mod resource;
 pub mod selector;
-pub mod server;
-pub mod status;
+pub(crate) mod server;
+pub(crate) mod status;
 pub mod store;
-pub mod table;
-pub mod template;
+pub(crate) mod table;
+pub(crate) mod template;
 pub mod watch;
 
 pub use cluster::{Cluster, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig};

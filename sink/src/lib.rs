@@ -1,9 +1,9 @@
 //! Applying podstream's commands to Airflow's metadata database, guarded and exactly once.
 //!
 //! - [`guard`]: what a command may do to a task instance (the pure core).
-//! - [`item`]: what the sink applies ([`Item`]) and what became of it ([`Outcome`]).
+//! - `item`: what the sink applies ([`Item`]) and what became of it ([`Outcome`]).
 //! - [`db`]: connecting (PostgreSQL or SQLite), telling Airflow 2.10 from 3.1, our tables.
-//! - [`apply`]: one transaction per batch, the command id recorded with its effect; a batch
+//! - `apply`: one transaction per batch, the command id recorded with its effect; a batch
 //!   the database refuses is retried command by command under savepoints.
 //! - [`dialect`]: PostgreSQL or SQLite, and SQL and timestamps in each one's form.
 //! - `statements`: the fixed texts of a batch's set statements ([`SetStatements`]).
@@ -16,12 +16,12 @@
 //! - [`service`]: `podstream sink`, the durable JetStream consumer.
 
 pub mod airflow;
-pub mod apply;
+pub(crate) mod apply;
 mod batch;
 pub mod db;
 pub mod dialect;
 pub mod guard;
-pub mod item;
+pub(crate) mod item;
 pub mod lanes;
 pub mod retention;
 pub mod seed;

@@ -25,9 +25,9 @@
 //! and a writer that finds its revisions stale stops as [`Deposed`]: two ingests can never
 //! interleave their shards.
 //!
-//! - [`shards`]: which shard a pod falls in, and a shard's value (pure);
+//! - `shards`: which shard a pod falls in, and a shard's value (pure);
 //! - [`write`]: one write, by compare-and-set, and what a failed one leaves;
-//! - [`leader`]: the `leader` key, read with patience and checked after a key moved.
+//! - `leader`: the `leader` key, read with patience and checked after a key moved.
 
 mod leader;
 mod shards;

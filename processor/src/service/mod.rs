@@ -8,12 +8,12 @@
 //!   instance, which duplicate resolution needs (two pods of a TI decided by two instances at
 //!   once could fail the TI on the loser's failure before the winner is known). Inside one
 //!   instance, different task instances are decided concurrently (`--concurrency` at once),
-//!   each as soon as it is free: one TI's events wait only for that TI ([`TaskLanes`]), and
+//!   each as soon as it is free: one TI's events wait only for that TI (`TaskLanes`), and
 //!   those that waited are decided together with one record write. Schedulers scale out.
 //! - **State.** Nothing lives only in memory: each task instance has a KV record
-//!   ([`TaskRecord`]) with its pods' states, written with compare-and-set. A lost race (two
+//!   (`TaskRecord`) with its pods' states, written with compare-and-set. A lost race (two
 //!   schedulers' consumers touching one TI, a takeover) reloads and decides again. The
-//!   records an instance wrote last stay in a bounded cache ([`RecordCache`]) with their
+//!   records an instance wrote last stay in a bounded cache (`RecordCache`) with their
 //!   revisions, so a TI's next event needs no read. The TI of a pod the ingest says is new
 //!   is taken to be new too, and its record created (compare-and-set on "no entry"), which
 //!   fails, and reads, if it exists after all.
@@ -28,7 +28,7 @@
 //!   decided: nothing of the pod can lie between.
 //! - **Crash recovery.** The consumer's ack wait is short (`--ack-wait-seconds`), so the events
 //!   a crashed instance held are redelivered within seconds; a live instance keeps what it
-//!   holds longer with progress acks ([`InFlight`]). A starting instance unpins the consumer
+//!   holds longer with progress acks (`InFlight`). A starting instance unpins the consumer
 //!   and resets it to its ack floor, so a restart waits neither for the dead instance's pin
 //!   nor for its events' ack wait. (The sink cannot: sinks share a consumer, and a reset
 //!   would hand a live sink's commands to another while it applies them.)
