@@ -34,7 +34,9 @@ fn each_failure_exits_with_its_class() {
     std::fs::write(&empty, b"").unwrap();
     let empty_db = format!("sqlite://{}", empty.display());
     let data_dir = dir.path().join("data").display().to_string();
-    let cases: [Case<'_>; 4] = [
+    let cases: [Case<'_>; 5] = [
+        // Any other failure: an input file that is not there.
+        (&["decide", "/nonexistent/pods.json"], &[], 1),
         // Usage: clap refuses the flag.
         (&["run", "--no-such-flag"], &[], 2),
         // Configuration: a database URL that names nothing.
