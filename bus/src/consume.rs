@@ -57,6 +57,8 @@ pub struct HandlerStopped(pub String);
 pub trait Handler: Send {
     /// What a message decodes to.
     type Item: Send;
+    /// A piece of work that finished, for [`Handler::after`].
+    type Done: Send;
 
     /// Decodes one message, or says why it is dead.
     fn decode(&self, message: &jetstream::Message) -> Decoded<Self::Item>;
@@ -70,12 +72,23 @@ pub trait Handler: Send {
         deliveries: Vec<Delivery<Self::Item>>,
     ) -> impl Future<Output = Result<(), HandlerStopped>> + Send;
 
-    /// Resolves `true` when a piece of its work has finished, at once `false` when it holds
-    /// nothing running.
-    fn progress(&mut self) -> impl Future<Output = bool> + Send;
+    /// Resolves with the next piece of its work that finished, at once with `None` when it
+    /// holds nothing running. Cancel-safe: the loop drops it when a message comes first, so
+    /// nothing may change before its last await.
+    fn finished(&mut self) -> impl Future<Output = Option<Self::Done>> + Send;
+
+    /// What follows a finished piece (acks, counts, the next piece started); always run to
+    /// its end.
+    fn after(&mut self, done: Self::Done) -> impl Future<Output = ()> + Send;
 
     /// Finishes everything it holds: the loop is stopping.
-    fn drain(&mut self) -> impl Future<Output = ()> + Send;
+    fn drain(&mut self) -> impl Future<Output = ()> + Send {
+        async {
+            while let Some(done) = self.finished().await {
+                self.after(done).await;
+            }
+        }
+    }
 }
 
 /// How the consumer is shared among instances.
@@ -159,7 +172,7 @@ impl ConsumerLoop {
             let pulling = inbox.is_some();
             tokio::select! {
                 () = stopping(&mut stopped) => break,
-                true = handler.progress() => {}
+                Some(done) = handler.finished() => handler.after(done).await,
                 _ = tokio::time::sleep_until(next_pull), if !pulling => match self.pull().await {
                     Ok(messages) => {
                         self.pulling.health.set(Condition::ConsumerBound, true);

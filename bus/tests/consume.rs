@@ -16,7 +16,8 @@ use podstream_bus::local_server::{LocalServer, find_binary, free_port};
 use podstream_bus::{BusConfig, Health, InFlight, OnTheBus};
 use podstream_proto::subject::{Role, Stage, Stream};
 
-/// Takes words, finishes one per `progress` after `pace`, and counts what it finished.
+/// Takes words; each finished one is acked `pace` later (as a commit, then its ack), and
+/// counted.
 struct Words {
     waiting: Vec<Delivery<String>>,
     finished: Vec<String>,
@@ -39,6 +40,7 @@ impl Words {
 
 impl Handler for Words {
     type Item = String;
+    type Done = Delivery<String>;
 
     fn decode(&self, message: &jetstream::Message) -> Decoded<String> {
         match std::str::from_utf8(&message.payload) {
@@ -58,20 +60,19 @@ impl Handler for Words {
         Ok(())
     }
 
-    async fn progress(&mut self) -> bool {
+    async fn finished(&mut self) -> Option<Delivery<String>> {
         if self.waiting.is_empty() {
-            return false;
+            return None;
         }
+        Some(self.waiting.remove(0))
+    }
+
+    /// Waits (as a database commit would) before the ack: the loop must not drop it halfway.
+    async fn after(&mut self, delivery: Delivery<String>) {
         tokio::time::sleep(self.pace).await;
-        let delivery = self.waiting.remove(0);
         ack(&delivery.message).await;
         self.finished.push(delivery.item);
         self.count.fetch_add(1, Ordering::SeqCst);
-        true
-    }
-
-    async fn drain(&mut self) {
-        while self.progress().await {}
     }
 }
 
@@ -256,4 +257,59 @@ async fn a_stopping_loop_finishes_what_it_holds_and_gives_back_the_rest() {
     seen.sort();
     assert_eq!(seen, all, "each word once");
     assert_eq!(bus.unacked().await, 0);
+}
+
+/// What follows a finished piece (here a wait, then the ack, as a commit then its acks) runs
+/// to its end while messages keep arriving: no ack is lost to a message that came first, so
+/// nothing comes back after the ack wait to be handled twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_after_a_finished_piece_are_never_dropped_for_a_new_message() {
+    let ack_wait = Duration::from_secs(2);
+    let bus = bus(ack_wait).await;
+    let all: Vec<String> = (0..200u16)
+        .map(|i| {
+            let [a, b] = [(i / 26) as u8, (i % 26) as u8];
+            format!("w{}{}", char::from(b'a' + a), char::from(b'a' + b))
+        })
+        .collect();
+    let consumer = bus.consumer_loop(5, ack_wait);
+    let mut words = Words::new(1000, Duration::from_millis(3));
+    let publishing = {
+        let js = bus.on.js.clone();
+        let subject = bus.on.subjects.commands("1", "uid-1");
+        let all = all.clone();
+        tokio::spawn(async move {
+            for word in all {
+                js.publish(subject.clone(), word.into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    // Every word, then long enough past the ack wait for a lost ack's redelivery to show.
+    run_until(&consumer, &mut words, all.len()).await.unwrap();
+    publishing.await.unwrap();
+    let mut again = Words::new(1000, Duration::ZERO);
+    run_until_quiet(&consumer, &mut again, ack_wait * 2).await;
+    assert_eq!(words.finished, all, "each word once, in order");
+    assert!(
+        again.finished.is_empty(),
+        "redelivered: {:?}",
+        again.finished
+    );
+    assert_eq!(bus.unacked().await, 0);
+}
+
+/// Runs `handler` for `quiet`, then stops it.
+async fn run_until_quiet(consumer: &ConsumerLoop, handler: &mut Words, quiet: Duration) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopper = tokio::spawn(async move {
+        tokio::time::sleep(quiet).await;
+        let _ = stop.send(true);
+    });
+    consumer.run(handler, stopped).await.unwrap();
+    stopper.await.unwrap();
 }

@@ -69,6 +69,7 @@ struct PodHandler<'w> {
 
 impl Handler for PodHandler<'_> {
     type Item = PodItem;
+    type Done = (String, ProcessStats);
 
     fn decode(&self, message: &async_nats::jetstream::Message) -> Decoded<PodItem> {
         match PodEvent::decode(message.payload.as_ref()) {
@@ -99,18 +100,14 @@ impl Handler for PodHandler<'_> {
         Ok(())
     }
 
-    async fn progress(&mut self) -> bool {
-        let Some((key, one)) = self.running.next().await else {
-            return false;
-        };
+    async fn finished(&mut self) -> Option<(String, ProcessStats)> {
+        self.running.next().await
+    }
+
+    async fn after(&mut self, (key, one): (String, ProcessStats)) {
         self.stats += one;
         if let Some(next) = self.lanes.finished(&key) {
             self.running.push(self.worker.group(key, next).boxed());
         }
-        true
-    }
-
-    async fn drain(&mut self) {
-        while self.progress().await {}
     }
 }

@@ -160,6 +160,7 @@ struct SparkHandler<'w> {
 
 impl<'w> Handler for SparkHandler<'w> {
     type Item = SparkEvent;
+    type Done = ProcessStats;
 
     fn decode(&self, message: &jetstream::Message) -> Decoded<SparkEvent> {
         match SparkEvent::decode(message.payload.as_ref()) {
@@ -188,17 +189,14 @@ impl<'w> Handler for SparkHandler<'w> {
         Ok(())
     }
 
-    async fn progress(&mut self) -> bool {
-        let Some(running) = self.running.as_mut() else {
-            return false;
-        };
-        self.stats += running.await;
+    async fn finished(&mut self) -> Option<ProcessStats> {
+        let stats = self.running.as_mut()?.await;
         self.running = None;
-        true
+        Some(stats)
     }
 
-    async fn drain(&mut self) {
-        self.progress().await;
+    async fn after(&mut self, stats: ProcessStats) {
+        self.stats += stats;
     }
 }
 

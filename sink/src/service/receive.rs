@@ -27,6 +27,7 @@ pub(super) struct CommandHandler {
 
 impl Handler for CommandHandler {
     type Item = Command;
+    type Done = Applied<Held>;
 
     fn decode(&self, message: &async_nats::jetstream::Message) -> Decoded<Command> {
         match Command::decode(message.payload.as_ref()) {
@@ -59,21 +60,21 @@ impl Handler for CommandHandler {
         Ok(())
     }
 
-    async fn progress(&mut self) -> bool {
-        match self.applied.recv().await {
-            Some(batch) => {
-                report::finish(&self.dead, batch, &mut self.summary).await;
-                true
-            }
-            None => false,
-        }
+    async fn finished(&mut self) -> Option<Applied<Held>> {
+        self.applied.recv().await
+    }
+
+    async fn after(&mut self, batch: Applied<Held>) {
+        report::finish(&self.dead, batch, &mut self.summary).await;
     }
 
     /// Everything handed to a lane is applied and acked: the batches end when the last lane
     /// has finished.
     async fn drain(&mut self) {
         let closing = self.lanes.take().map(|lanes| tokio::spawn(lanes.close()));
-        while self.progress().await {}
+        while let Some(batch) = self.finished().await {
+            self.after(batch).await;
+        }
         if let Some(Err(panic)) = match closing {
             Some(closing) => Some(closing.await),
             None => None,
