@@ -168,6 +168,16 @@ impl Bus {
     }
 }
 
+/// `n` distinct words in sorted order: `waa`, `wab`, …
+fn words(n: u16) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let [a, b] = [(i / 26) as u8, (i % 26) as u8];
+            format!("w{}{}", char::from(b'a' + a), char::from(b'a' + b))
+        })
+        .collect()
+}
+
 /// Runs `handler` until `count` of its finished items reach `until`, then stops it.
 async fn run_until(
     consumer: &ConsumerLoop,
@@ -222,15 +232,7 @@ async fn words_are_handed_over_in_order_and_the_rest_is_dead_lettered_or_acked()
 async fn a_stopping_loop_finishes_what_it_holds_and_gives_back_the_rest() {
     let ack_wait = Duration::from_secs(2);
     let bus = bus(ack_wait).await;
-    let all: Vec<String> = (0..30u8)
-        .map(|i| {
-            format!(
-                "w{}{}",
-                char::from(b'a' + i / 26),
-                char::from(b'a' + i % 26)
-            )
-        })
-        .collect();
+    let all = words(30);
     for word in &all {
         bus.publish(word, false).await;
     }
@@ -266,12 +268,7 @@ async fn a_stopping_loop_finishes_what_it_holds_and_gives_back_the_rest() {
 async fn acks_after_a_finished_piece_are_never_dropped_for_a_new_message() {
     let ack_wait = Duration::from_secs(2);
     let bus = bus(ack_wait).await;
-    let all: Vec<String> = (0..200u16)
-        .map(|i| {
-            let [a, b] = [(i / 26) as u8, (i % 26) as u8];
-            format!("w{}{}", char::from(b'a' + a), char::from(b'a' + b))
-        })
-        .collect();
+    let all = words(200);
     let consumer = bus.consumer_loop(5, ack_wait);
     let mut words = Words::new(1000, Duration::from_millis(3));
     let publishing = {
