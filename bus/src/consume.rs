@@ -268,17 +268,12 @@ impl ConsumerLoop {
                     sequence,
                 }),
                 Decoded::Dead(reason) => {
-                    self.dead_letter(&message, sequence, reason).await;
+                    dead_letter(&self.dead, &message, sequence, reason).await;
                     consumed.dead_lettered += 1;
                 }
             }
         }
         deliveries
-    }
-
-    /// Stores `message` as this stage's dead letter for `reason`, then acks it.
-    pub async fn dead_letter(&self, message: &jetstream::Message, sequence: u64, reason: String) {
-        dead_letter(&self.dead, message, sequence, reason).await;
     }
 }
 

@@ -81,7 +81,7 @@ impl podstream_bus::fault::Classified for DbError {
 }
 
 /// `error` as [`DbError::Query`] for `what`.
-fn query_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> DbError {
+pub(crate) fn query_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> DbError {
     move |source| DbError::Query {
         what: what.into(),
         source,

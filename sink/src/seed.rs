@@ -5,7 +5,7 @@ use podstream_proto::TaskKey;
 use sqlx::Row;
 
 use crate::airflow::AirflowSchema;
-use crate::db::Database;
+use crate::db::{Database, DbError, query_failed};
 use crate::dialect::{Backend, sql};
 
 /// A task instance to seed.
@@ -113,15 +113,18 @@ impl Database {
         dag_id: &str,
         run_id: &str,
         tis: &[SeedTi<'_>],
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), DbError> {
         for statement in statements(self.airflow, self.backend, dag_id, run_id, tis) {
-            sqlx::query(&statement).execute(&self.pool).await?;
+            sqlx::query(&statement)
+                .execute(&self.pool)
+                .await
+                .map_err(query_failed(format!("seeding: {statement}")))?;
         }
         Ok(())
     }
 
     /// The task instance `key` names (its try is not part of the lookup), if it exists.
-    pub async fn task_instance(&self, key: &TaskKey) -> Result<Option<TiRow>, sqlx::Error> {
+    pub async fn task_instance(&self, key: &TaskKey) -> Result<Option<TiRow>, DbError> {
         let id = match self.airflow {
             AirflowSchema::V2 => "CAST(NULL AS TEXT)",
             AirflowSchema::V3 => "CAST(id AS TEXT)",
@@ -138,7 +141,8 @@ impl Database {
             .bind(&key.run_id)
             .bind(key.map_index)
             .fetch_optional(&self.pool)
-            .await?;
+            .await
+            .map_err(query_failed("reading a task instance"))?;
         row.map(|row| -> Result<TiRow, sqlx::Error> {
             Ok(TiRow {
                 state: row.try_get(0)?,
@@ -150,5 +154,6 @@ impl Database {
             })
         })
         .transpose()
+        .map_err(query_failed("reading a task instance"))
     }
 }

@@ -135,8 +135,14 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// `source` as [`CheckpointError::Read`] of `what`.
-    fn read(what: &'static str) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Self {
-        move |source| CheckpointError::Read { what, source }
+    fn read(
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        CheckpointError::Read {
+            what,
+            source: source.into(),
+        }
     }
 }
 
@@ -307,11 +313,11 @@ impl Checkpoint {
             .js
             .get_stream(&self.stream)
             .await
-            .map_err(|e| CheckpointError::read("the checkpoint bucket")(e.into()))?;
+            .map_err(|e| CheckpointError::read("the checkpoint bucket", e))?;
         let messages = stream
             .info()
             .await
-            .map_err(|e| CheckpointError::read("the checkpoint bucket")(e.into()))?
+            .map_err(|e| CheckpointError::read("the checkpoint bucket", e))?
             .state
             .messages;
         let mut restored = Restored::default();
@@ -323,12 +329,12 @@ impl Checkpoint {
             .kv
             .watch_with_history(">")
             .await
-            .map_err(|e| CheckpointError::read("the checkpoint")(e.into()))?;
+            .map_err(|e| CheckpointError::read("the checkpoint", e))?;
         while let Some(entry) = tokio::time::timeout(Duration::from_secs(30), watch.next())
             .await
             .map_err(|_| CheckpointError::ReadTimedOut)?
         {
-            let entry = entry.map_err(|e| CheckpointError::read("the checkpoint")(e.into()))?;
+            let entry = entry.map_err(|e| CheckpointError::read("the checkpoint", e))?;
             let live = entry.operation == kv::Operation::Put;
             if entry.key == RESUME_KEY {
                 self.revisions.resume = entry.revision;
