@@ -23,7 +23,7 @@ pub fn tools_dir() -> PathBuf {
     workspace_root().join("target/tools/kubernetes/bin")
 }
 
-/// One of the built binaries: `kube-apiserver`, `kube-scheduler`, `kubectl` or `etcd`.
+/// One of the built binaries: `kube-apiserver`, `kube-scheduler`, `kubectl`, `etcd` or `helm`.
 pub fn tool(name: &str) -> PathBuf {
     tools_dir().join(name)
 }

@@ -337,25 +337,7 @@ fn anchor(heading: &str) -> String {
 #[test]
 fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
     let root = workspace_root();
-    // Inside the workspace, so the overlay reaches deploy/ by relative paths as kustomize
-    // wants; not under a dot-named dir.
-    let overlay = tempfile::Builder::new()
-        .prefix("podstream-monitoring-")
-        .tempdir_in(root.join("target"))
-        .unwrap();
-    std::fs::write(
-        overlay.path().join("kustomization.yaml"),
-        "resources:\n  - ../../deploy/overlays/stock-executor\ncomponents:\n  - ../../deploy/monitoring\n",
-    )
-    .unwrap();
-    let yaml = run(
-        Command::new(podstream_stage::control_plane::tool("kubectl"))
-            .arg("kustomize")
-            .arg(overlay.path()),
-    );
-    let rendered = overlay.path().join("rendered.yaml");
-    std::fs::write(&rendered, yaml).unwrap();
-    let objects = yaml_documents(&rendered);
+    let (_overlay, objects) = with_monitoring("stock-executor");
 
     let monitors = of_kind(&objects, "PodMonitor");
     assert_eq!(monitors.len(), 1);
@@ -434,6 +416,235 @@ fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
             anchors.iter().any(|a| a == entry),
             "{alert}: no heading for #{entry} in docs/operations.md"
         );
+    }
+}
+
+/// `overlay` with the deploy/monitoring component, as an operator's own overlay takes it:
+/// its dir (inside the workspace, so it reaches deploy/ by relative paths as kustomize wants;
+/// not under a dot-named dir) and its objects.
+fn with_monitoring(overlay: &str) -> (tempfile::TempDir, Vec<Value>) {
+    let dir = tempfile::Builder::new()
+        .prefix("podstream-monitoring-")
+        .tempdir_in(workspace_root().join("target"))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - ../../deploy/overlays/{overlay}\ncomponents:\n  - ../../deploy/monitoring\n"
+        ),
+    )
+    .unwrap();
+    let yaml = run(
+        Command::new(podstream_stage::control_plane::tool("kubectl"))
+            .arg("kustomize")
+            .arg(dir.path()),
+    );
+    let rendered = dir.path().join("rendered.yaml");
+    std::fs::write(&rendered, yaml).unwrap();
+    let objects = yaml_documents(&rendered);
+    (dir, objects)
+}
+
+/// `helm template` of deploy/chart as release `release` in namespace `airflow`, with `values`
+/// (`--set` pairs): its objects, or Helm's refusal.
+fn helm_template(release: &str, values: &[&str]) -> Result<Vec<Value>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut helm = Command::new(podstream_stage::control_plane::tool("helm"));
+    helm.args(["template", release])
+        .arg(workspace_root().join("deploy/chart"))
+        .args(["--namespace", "airflow"]);
+    for value in values {
+        helm.args(["--set", value]);
+    }
+    let output = helm.output().unwrap();
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let rendered = dir.path().join("chart.yaml");
+    std::fs::write(&rendered, &output.stdout).unwrap();
+    Ok(yaml_documents(&rendered)
+        .into_iter()
+        .filter(|o| !o.is_null())
+        .collect())
+}
+
+/// What only the chart's objects carry: Helm's own labels (who installed them, which chart
+/// and release) and checkov's waivers (they name where the image is set). Everything else of
+/// an object must be the overlay's.
+fn without_chart_marks(value: &Value) -> Value {
+    const CHART_ONLY: [&str; 4] = [
+        "helm.sh/chart",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+    ];
+    match value {
+        Value::Object(fields) => {
+            let kept: serde_json::Map<String, Value> = fields
+                .iter()
+                .filter(|(k, _)| !CHART_ONLY.contains(&k.as_str()) && !k.starts_with("checkov.io/"))
+                .map(|(k, v)| (k.clone(), without_chart_marks(v)))
+                .filter(|(k, v)| !(k == "annotations" && v.as_object().is_some_and(|a| a.is_empty())))
+                .collect();
+            Value::Object(kept)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(without_chart_marks).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Objects by kind and name.
+fn by_name(objects: &[Value]) -> std::collections::BTreeMap<(String, String), Value> {
+    objects
+        .iter()
+        .map(|o| {
+            let key = (
+                o["kind"].as_str().unwrap_or_default().to_owned(),
+                o["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+            );
+            (key, without_chart_marks(o))
+        })
+        .collect()
+}
+
+/// deploy/chart passes `helm lint --strict`, and installed as `podstream` with an overlay's
+/// settings it makes that overlay's objects, field for field (the monitoring component's
+/// included, with the overlay's relative runbook links): every check of the overlays in this
+/// file holds for the chart. Its chart and app version are the workspace's.
+#[test]
+fn the_chart_lints_and_makes_each_overlays_objects() {
+    run(Command::new(podstream_stage::control_plane::tool("helm"))
+        .args(["lint", "--strict"])
+        .arg(workspace_root().join("deploy/chart")));
+    let chart = std::fs::read_to_string(workspace_root().join("deploy/chart/Chart.yaml")).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(chart.contains(&format!("\nversion: {version}\n")), "{chart}");
+    assert!(chart.contains(&format!("\nappVersion: \"{version}\"\n")), "{chart}");
+
+    let (_dir, executor) = with_monitoring("podstream-executor");
+    let monitored = [
+        "monitoring.podMonitor.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.runbookUrl=docs/operations.md",
+    ];
+    let stock = render("stock-executor", tempfile::tempdir().unwrap().path()).1;
+    for (overlay, objects, values) in [
+        ("podstream-executor + monitoring", executor, &monitored[..]),
+        ("stock-executor", stock, &["taskFailures=sink"][..]),
+    ] {
+        let from_chart = by_name(&helm_template("podstream", values).unwrap());
+        let from_overlay = by_name(&objects);
+        assert_eq!(
+            from_chart.keys().collect::<Vec<_>>(),
+            from_overlay.keys().collect::<Vec<_>>(),
+            "{overlay}: the chart makes other objects"
+        );
+        for (key, object) in &from_overlay {
+            assert_eq!(
+                &from_chart[key], object,
+                "{overlay}: {key:?} differs from the chart's"
+            );
+        }
+    }
+}
+
+/// The chart's values do what values.yaml says: a second install's prefix names its Lease in
+/// the Role, other namespaces get their own pods Role, a digest pins the image, spread
+/// and monitoring labels are the operator's, runbook links are absolute; a value outside the
+/// schema is refused.
+#[test]
+fn the_chart_follows_its_values() {
+    let objects = helm_template(
+        "airflow-b",
+        &[
+            "prefix=airflow-b",
+            "podSelector=release=airflow-b",
+            "namespaces={airflow,team-b}",
+            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "topologySpread=null",
+            "monitoring.prometheusRule.enabled=true",
+            "monitoring.prometheusRule.labels.release=kube-prometheus",
+            "monitoring.runbookUrl=https://runbooks.example/podstream.md",
+        ],
+    )
+    .unwrap();
+    let deployments = of_kind(&objects, "Deployment");
+    let names: Vec<&str> = deployments
+        .iter()
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "airflow-b-podstream-ingest",
+            "airflow-b-podstream-process",
+            "airflow-b-podstream-sink"
+        ]
+    );
+    for deployment in &deployments {
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["image"],
+            "ghcr.io/podstream/podstream@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        );
+        assert!(pod["topologySpreadConstraints"].is_null(), "{pod}");
+        // Two installs in one namespace: each selects its own pods.
+        assert_eq!(
+            deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+            "airflow-b"
+        );
+    }
+    let settings = &of_kind(&objects, "ConfigMap")[0]["data"];
+    assert_eq!(settings["PODSTREAM_PREFIX"], "airflow-b");
+    assert_eq!(settings["PODSTREAM_POD_SELECTOR"], "release=airflow-b");
+    let ingest_args = strings(&deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        ingest_args.contains(&"--namespaces=airflow,team-b"),
+        "{ingest_args:?}"
+    );
+
+    let roles = of_kind(&objects, "Role");
+    let home = roles
+        .iter()
+        .find(|r| r["metadata"]["namespace"] == "airflow")
+        .unwrap();
+    let lease_names: Vec<&str> = home["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| strings(&rule["resourceNames"]))
+        .collect();
+    assert_eq!(lease_names, ["airflow-b-ingest"], "the Lease the ingest takes");
+    let other = roles
+        .iter()
+        .find(|r| r["metadata"]["namespace"] == "team-b")
+        .expect("a Role in the other namespace");
+    assert_eq!(strings(&other["rules"][0]["verbs"]), ["list", "watch"]);
+    assert_eq!(strings(&other["rules"][0]["resources"]), ["pods"]);
+    let binding = of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .find(|b| b["metadata"]["namespace"] == "team-b")
+        .expect("a RoleBinding in the other namespace");
+    assert_eq!(binding["subjects"][0]["namespace"], "airflow");
+
+    let rule = &of_kind(&objects, "PrometheusRule")[0];
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus");
+    for alert in rule["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        let url = alert["annotations"]["runbook_url"].as_str().unwrap();
+        assert!(
+            url.starts_with("https://runbooks.example/podstream.md#"),
+            "{url}"
+        );
+    }
+
+    for (value, refusal) in [
+        ("taskFailures=both", "taskFailures"),
+        ("prefix=a b", "prefix"),
+        ("nats.url=nats.nats.svc:4222", "url"),
+        ("replicas=3", "replicas"),
+    ] {
+        let refused = helm_template("podstream", &[value]).unwrap_err();
+        assert!(refused.contains(refusal), "{value}: {refused}");
     }
 }
 

@@ -589,28 +589,7 @@ fn only_the_schedulers_account_creates_worker_pods_or_changes_their_keys() {
 fn every_overlay_and_component_passes_a_server_side_dry_run() {
     let plane = ControlPlane::shared();
     plane.create_namespace("airflow");
-    let crds = tool("kubectl")
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("crds");
-    for crd in [
-        "monitoring.coreos.com_podmonitors.yaml",
-        "monitoring.coreos.com_prometheusrules.yaml",
-    ] {
-        let path = crds.join(crd).display().to_string();
-        let (ok, _, err) = plane.kubectl(&["apply", "--server-side", "-f", &path]);
-        assert!(ok, "{crd}: {err}");
-    }
-    let (ok, _, err) = plane.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/podmonitors.monitoring.coreos.com",
-        "crd/prometheusrules.monitoring.coreos.com",
-    ]);
-    assert!(ok, "{err}");
+    install_monitoring_crds(plane);
 
     let with_monitoring = overlay_dir("podstream-dry-run-");
     std::fs::write(
@@ -639,4 +618,115 @@ fn every_overlay_and_component_passes_a_server_side_dry_run() {
         assert!(ok, "{target}: {err}\n{out}");
         assert!(out.contains("(server dry run)"), "{target}: {out}");
     }
+}
+
+/// prometheus-operator's PodMonitor and PrometheusRule CRDs (from its Go module, by
+/// scripts/kubernetes-tools.sh), established on `plane`.
+fn install_monitoring_crds(plane: &ControlPlane) {
+    let crds = tool("kubectl")
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("crds");
+    for crd in [
+        "monitoring.coreos.com_podmonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml",
+    ] {
+        let path = crds.join(crd).display().to_string();
+        let (ok, _, err) = plane.kubectl(&["apply", "--server-side", "-f", &path]);
+        assert!(ok, "{crd}: {err}");
+    }
+    let (ok, _, err) = plane.kubectl(&[
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ]);
+    assert!(ok, "{err}");
+}
+
+/// deploy/chart installed with Helm as a second deployment (`prefix=airflow-b`, its own
+/// release, monitoring on): the ingest under the chart's ServiceAccount leads through the
+/// Lease the chart's Role names, with no patch, and publishes its selector's worker pod on
+/// the prefix's stream; `helm uninstall` takes every object of the release away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+        .await
+        .unwrap();
+    install_monitoring_crds(plane);
+    let namespace = plane.namespace("chart");
+    let helm = |args: &[&str]| {
+        let output = Command::new(tool("helm"))
+            .args(args)
+            .args(["--namespace", &namespace, "--kubeconfig"])
+            .arg(plane.admin_kubeconfig())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let chart = workspace_root().join("deploy/chart").display().to_string();
+    helm(&[
+        "install",
+        "airflow-b",
+        &chart,
+        "--set",
+        "prefix=airflow-b",
+        "--set",
+        "podSelector=release=airflow-b",
+        "--set",
+        "monitoring.podMonitor.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+    ]);
+    let listed = helm(&["list", "--output", "json"]);
+    assert!(listed.contains("\"status\":\"deployed\""), "{listed}");
+
+    let kubeconfig = plane.service_account_kubeconfig(&namespace, "airflow-b-podstream-ingest");
+    let prefix = [
+        "--prefix",
+        "airflow-b",
+        "--pod-selector",
+        "release=airflow-b",
+    ];
+    let mut ingest = IngestProcess::start(&kubeconfig, &namespace, &nats.url(), "b-0", &prefix);
+    let mut pod = WorkerPod::new("b-pod", "1", "etl", "extract", "manual__1");
+    pod.namespace.clone_from(&namespace);
+    let mut json = pod.to_json();
+    json["metadata"]["labels"]["release"] = "airflow-b".into();
+    let (ok, _, err) = plane.kubectl_with_input(&["create", "-f", "-"], &json.to_string());
+    assert!(ok, "{err}");
+    let stream = Subjects::new("airflow-b")
+        .unwrap()
+        .stream_name(Stream::PodEvents);
+    bus::settle(&js, &stream, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    assert!(
+        lease_holder(plane, &namespace, "airflow-b-ingest").is_some_and(|h| h.starts_with("b-0_")),
+        "{}",
+        ingest.log()
+    );
+    assert!(ingest.terminate().success(), "{}", ingest.log());
+
+    helm(&["uninstall", "airflow-b", "--wait"]);
+    let (ok, left, err) = plane.kubectl(&[
+        "get",
+        "deployments,configmaps,serviceaccounts,roles,rolebindings,networkpolicies,poddisruptionbudgets,podmonitors,prometheusrules",
+        "-n",
+        &namespace,
+        "-l",
+        "app.kubernetes.io/instance=airflow-b",
+        "-o",
+        "name",
+    ]);
+    assert!(ok, "{err}");
+    assert!(left.trim().is_empty(), "left after uninstall: {left}");
 }
