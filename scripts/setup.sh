@@ -5,9 +5,10 @@
 #
 #   Rust toolchain   must already be there (rustup)
 #   Kubernetes       kube-apiserver, kube-scheduler, kubectl and etcd of the release pinned in
-#                    tools/kubernetes/go.mod, built with the machine's Go from their Go
-#                    modules into target/tools/kubernetes/bin (scripts/kubernetes-tools.sh);
-#                    the suite's real control plane runs them, and its kubectl is this one
+#                    tools/kubernetes/go.mod, and Helm of tools/helm/go.mod, built with the
+#                    machine's Go from their Go modules into target/tools/kubernetes/bin
+#                    (scripts/kubernetes-tools.sh); the suite's real control plane runs them,
+#                    its kubectl is this one, and its Helm lints and installs deploy/chart
 #   Chromium         Debian `chromium-headless-shell`: the timeline suite reads the replay
 #                    page's DOM and screenshot as a browser makes them
 #   promtool         Debian `prometheus`: the deploy suite runs the alerts' unit tests

@@ -445,14 +445,21 @@ fn with_monitoring(overlay: &str) -> (tempfile::TempDir, Vec<Value>) {
     (dir, objects)
 }
 
-/// `helm template` of deploy/chart as release `release` in namespace `airflow`, with `values`
-/// (`--set` pairs): its objects, or Helm's refusal.
-fn helm_template(release: &str, values: &[&str]) -> Result<Vec<Value>, String> {
+/// `helm template` of deploy/chart as release `release` in namespace `airflow`, with a values
+/// file and `values` (`--set` pairs): its objects, or Helm's refusal.
+fn helm_template(
+    release: &str,
+    file: Option<&Path>,
+    values: &[&str],
+) -> Result<Vec<Value>, String> {
     let dir = tempfile::tempdir().unwrap();
     let mut helm = Command::new(podstream_stage::control_plane::tool("helm"));
     helm.args(["template", release])
         .arg(workspace_root().join("deploy/chart"))
         .args(["--namespace", "airflow"]);
+    if let Some(file) = file {
+        helm.arg("--values").arg(file);
+    }
     for value in values {
         helm.args(["--set", value]);
     }
@@ -484,7 +491,9 @@ fn without_chart_marks(value: &Value) -> Value {
                 .iter()
                 .filter(|(k, _)| !CHART_ONLY.contains(&k.as_str()) && !k.starts_with("checkov.io/"))
                 .map(|(k, v)| (k.clone(), without_chart_marks(v)))
-                .filter(|(k, v)| !(k == "annotations" && v.as_object().is_some_and(|a| a.is_empty())))
+                .filter(|(k, v)| {
+                    !(k == "annotations" && v.as_object().is_some_and(|a| a.is_empty()))
+                })
                 .collect();
             Value::Object(kept)
         }
@@ -500,7 +509,10 @@ fn by_name(objects: &[Value]) -> std::collections::BTreeMap<(String, String), Va
         .map(|o| {
             let key = (
                 o["kind"].as_str().unwrap_or_default().to_owned(),
-                o["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             );
             (key, without_chart_marks(o))
         })
@@ -518,8 +530,14 @@ fn the_chart_lints_and_makes_each_overlays_objects() {
         .arg(workspace_root().join("deploy/chart")));
     let chart = std::fs::read_to_string(workspace_root().join("deploy/chart/Chart.yaml")).unwrap();
     let version = env!("CARGO_PKG_VERSION");
-    assert!(chart.contains(&format!("\nversion: {version}\n")), "{chart}");
-    assert!(chart.contains(&format!("\nappVersion: \"{version}\"\n")), "{chart}");
+    assert!(
+        chart.contains(&format!("\nversion: {version}\n")),
+        "{chart}"
+    );
+    assert!(
+        chart.contains(&format!("\nappVersion: \"{version}\"\n")),
+        "{chart}"
+    );
 
     let (_dir, executor) = with_monitoring("podstream-executor");
     let monitored = [
@@ -532,7 +550,7 @@ fn the_chart_lints_and_makes_each_overlays_objects() {
         ("podstream-executor + monitoring", executor, &monitored[..]),
         ("stock-executor", stock, &["taskFailures=sink"][..]),
     ] {
-        let from_chart = by_name(&helm_template("podstream", values).unwrap());
+        let from_chart = by_name(&helm_template("podstream", None, values).unwrap());
         let from_overlay = by_name(&objects);
         assert_eq!(
             from_chart.keys().collect::<Vec<_>>(),
@@ -556,6 +574,7 @@ fn the_chart_lints_and_makes_each_overlays_objects() {
 fn the_chart_follows_its_values() {
     let objects = helm_template(
         "airflow-b",
+        None,
         &[
             "prefix=airflow-b",
             "podSelector=release=airflow-b",
@@ -614,7 +633,11 @@ fn the_chart_follows_its_values() {
         .iter()
         .flat_map(|rule| strings(&rule["resourceNames"]))
         .collect();
-    assert_eq!(lease_names, ["airflow-b-ingest"], "the Lease the ingest takes");
+    assert_eq!(
+        lease_names,
+        ["airflow-b-ingest"],
+        "the Lease the ingest takes"
+    );
     let other = roles
         .iter()
         .find(|r| r["metadata"]["namespace"] == "team-b")
@@ -643,13 +666,14 @@ fn the_chart_follows_its_values() {
         ("nats.url=nats.nats.svc:4222", "url"),
         ("replicas=3", "replicas"),
     ] {
-        let refused = helm_template("podstream", &[value]).unwrap_err();
+        let refused = helm_template("podstream", None, &[value]).unwrap_err();
         assert!(refused.contains(refusal), "{value}: {refused}");
     }
 }
 
-/// Every Secret the install mounts (the overlays' volumes, the chart values on
-/// docs/install.md) is one a `kubectl create secret` step of that page creates: a Secret no
+/// Every Secret the install mounts (the overlays' volumes, podstream's chart with the values
+/// the page gives, the Airflow chart values on docs/install.md) is one a `kubectl create
+/// secret` step of that page creates: a Secret no
 /// step creates leaves its pod in `ContainerCreating`.
 #[test]
 fn the_install_page_creates_every_secret_the_install_mounts() {
@@ -694,10 +718,37 @@ fn the_install_page_creates_every_secret_the_install_mounts() {
             }
         }
     }
+    let values = dir.path().join("podstream-values.yaml");
+    std::fs::write(&values, page_values(&page)).unwrap();
+    let from_chart = helm_template("podstream", Some(&values), &[]).unwrap();
+    let deployments = of_kind(&from_chart, "Deployment");
+    assert_eq!(deployments.len(), 3, "the page's values install the chart");
+    for deployment in deployments {
+        let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+        mounted.extend(
+            volumes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["secret"]["secretName"].as_str())
+                .map(str::to_owned),
+        );
+    }
     assert!(mounted.len() >= 5, "too few Secrets found: {mounted:?}");
     let missing: Vec<&String> = mounted.difference(&created).collect();
     assert!(
         missing.is_empty(),
         "mounted but created by no step of docs/install.md: {missing:?} (created: {created:?})"
     );
+}
+
+/// The `podstream-values.yaml` docs/install.md gives for the chart: the YAML block after the
+/// line that names it.
+fn page_values(page: &str) -> String {
+    let named = page
+        .find("with `podstream-values.yaml`")
+        .expect("docs/install.md gives podstream-values.yaml");
+    let block = &page[named..];
+    let block = &block[block.find("```yaml\n").unwrap() + "```yaml\n".len()..];
+    block[..block.find("```").unwrap()].to_owned()
 }
