@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The end-to-end binaries of the quick tier: each takes seconds.
-FAST_SUITES=(apply_cli custom_resources decide_cli docs examples exit_status house kubectl leftovers
+FAST_SUITES=(apply_cli check_cli custom_resources decide_cli docs examples exit_status house kubectl leftovers
     nats_security process replay sim_cli spark_drivers streams tail timeline trust)
 fast=0
 if [ "${1:-}" = "--fast" ]; then

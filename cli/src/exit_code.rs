@@ -31,11 +31,13 @@ impl Exit {
     /// The class of `error`: the fault its first typed cause says it is (each library's
     /// errors say it themselves, [`Classified`]).
     pub fn of(error: &anyhow::Error) -> Exit {
-        error
-            .chain()
-            .find_map(fault_of)
-            .map_or(Exit::Failure, Exit::from)
+        fault_in(error).map_or(Exit::Failure, Exit::from)
     }
+}
+
+/// The fault of `error`'s first typed cause, when one says.
+pub fn fault_in(error: &anyhow::Error) -> Option<Fault> {
+    error.chain().find_map(fault_of)
 }
 
 impl From<Fault> for Exit {
@@ -56,7 +58,8 @@ fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     ) -> Option<Fault> {
         cause.downcast_ref::<E>().map(Classified::fault)
     }
-    said::<podstream_sink::service::SinkError>(cause)
+    said::<crate::check::ChecksFailed>(cause)
+        .or_else(|| said::<podstream_sink::service::SinkError>(cause))
         .or_else(|| said::<podstream_processor::service::ProcessError>(cause))
         .or_else(|| said::<podstream_ingest::service::IngestError>(cause))
         .or_else(|| said::<podstream_ingest::service::KubeClientError>(cause))

@@ -2,10 +2,12 @@
 //!
 //! Rooms by command family: `stages/` (`run`, `ingest`, `process`, `sink`), `history/`
 //! (`tail`, `replay`, the timeline page), `offline/` (`decide`, `apply`), `world/` (`demo`,
-//! `sim`, `kubelet`: the test world, left out of the production build), `args/` (the flags
-//! they share); `exit_code.rs` and `signal.rs` serve them all.
+//! `sim`, `kubelet`: the test world, left out of the production build), `check/` (`check`: a
+//! component's configuration tried), `args/` (the flags they share); `exit_code.rs` and
+//! `signal.rs` serve them all.
 
 mod args;
+mod check;
 mod exit_code;
 mod history;
 mod offline;
@@ -78,6 +80,9 @@ enum Command {
     Run(run::RunArgs),
     /// Print pod events and commands as they happen.
     Tail(tail::TailArgs),
+    /// Try what a component needs with its own flags (NATS, streams, Kubernetes permissions,
+    /// database privileges) and print one line per item.
+    Check(check::CheckArgs),
     /// Serve the Kubernetes API simulator (pods, namespaces, leases) until killed.
     #[cfg(feature = "test-world")]
     Sim(sim::SimArgs),
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args),
         Command::Run(args) => run::run(args),
         Command::Tail(args) => tail::run(args),
+        Command::Check(args) => check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -133,8 +133,34 @@ fn list(missing: &[Permission]) -> String {
 
 /// Asks the API server about each permission; `Err` names every one refused.
 pub async fn require(kube: &kube::Client, needed: &[Permission]) -> Result<Checked, Forbidden> {
+    match review(kube, needed).await {
+        Ok(answers) => {
+            let missing: Vec<Permission> = answers
+                .into_iter()
+                .filter(|(_, allowed)| !allowed)
+                .map(|(permission, _)| permission)
+                .collect();
+            if missing.is_empty() {
+                Ok(Checked::Granted)
+            } else {
+                Err(Forbidden { missing })
+            }
+        }
+        Err(reason) => {
+            tracing::info!(%reason, "the ingest's permissions were not checked at start");
+            Ok(Checked::NotAsked(reason))
+        }
+    }
+}
+
+/// Each permission with the API server's answer, in order; `Err` says why the server would
+/// not answer (it serves no SelfSubjectAccessReview, or refused one).
+pub async fn review(
+    kube: &kube::Client,
+    needed: &[Permission],
+) -> Result<Vec<(Permission, bool)>, String> {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(kube.clone());
-    let mut missing = Vec::new();
+    let mut answers = Vec::with_capacity(needed.len());
     for permission in needed {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
@@ -150,24 +176,14 @@ pub async fn require(kube: &kube::Client, needed: &[Permission]) -> Result<Check
             },
             ..SelfSubjectAccessReview::default()
         };
-        match reviews.create(&PostParams::default(), &review).await {
-            Ok(answer) => {
-                if !answer.status.is_some_and(|status| status.allowed) {
-                    missing.push(permission.clone());
-                }
-            }
-            Err(error) => {
-                let reason = format!("SelfSubjectAccessReview: {error}");
-                tracing::info!(%reason, "the ingest's permissions were not checked at start");
-                return Ok(Checked::NotAsked(reason));
-            }
-        }
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|error| format!("SelfSubjectAccessReview: {error}"))?;
+        let allowed = answer.status.is_some_and(|status| status.allowed);
+        answers.push((permission.clone(), allowed));
     }
-    if missing.is_empty() {
-        Ok(Checked::Granted)
-    } else {
-        Err(Forbidden { missing })
-    }
+    Ok(answers)
 }
 
 #[cfg(test)]

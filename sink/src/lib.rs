@@ -20,6 +20,7 @@ pub(crate) mod apply;
 mod batch;
 pub mod db;
 pub mod dialect;
+pub mod grants;
 pub mod guard;
 pub(crate) mod item;
 pub mod lanes;

@@ -752,3 +752,53 @@ fn page_values(page: &str) -> String {
     let block = &block[block.find("```yaml\n").unwrap() + "```yaml\n".len()..];
     block[..block.find("```").unwrap()].to_owned()
 }
+
+/// The `podstream check` commands of docs/install.md's last step: each component's, with the
+/// arguments its Deployment runs with (the chart's, with the page's values and namespace),
+/// so the check tries what the component does, and each parses.
+#[test]
+fn the_install_pages_checks_run_with_each_components_own_arguments() {
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
+    let joined = page.replace("\\\n", " ");
+    let checks: Vec<Vec<&str>> = joined
+        .lines()
+        .filter_map(|l| l.split_once(" -- podstream check "))
+        .map(|(_, args)| args.split_whitespace().collect())
+        .collect();
+    assert_eq!(checks.len(), 3, "one check per component:\n{checks:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("podstream-values.yaml");
+    std::fs::write(&values, page_values(&page)).unwrap();
+    let objects = helm_template("podstream", Some(&values), &[]).unwrap();
+    for check in checks {
+        let component = check[0];
+        let deployment = of_kind(&objects, "Deployment")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == format!("podstream-{component}"))
+            .unwrap_or_else(|| panic!("no Deployment runs {component}"));
+        let runs: std::collections::BTreeSet<String> =
+            strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+                .iter()
+                .skip(1)
+                .filter(|a| !a.starts_with("--task-failures="))
+                .map(|a| a.replace("$(POD_NAMESPACE)", "airflow"))
+                .collect();
+        let checked: std::collections::BTreeSet<String> =
+            check[1..].iter().map(|a| (*a).to_owned()).collect();
+        assert_eq!(
+            checked, runs,
+            "{component}: the page checks other arguments"
+        );
+        let parsed = Command::new(podstream_binary())
+            .arg("check")
+            .args(&check)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(
+            parsed.status.success(),
+            "{check:?}: {}",
+            String::from_utf8_lossy(&parsed.stderr)
+        );
+    }
+}

@@ -650,7 +650,8 @@ fn install_monitoring_crds(plane: &ControlPlane) {
 /// deploy/chart installed with Helm as a second deployment (`prefix=airflow-b`, its own
 /// release, monitoring on): the ingest under the chart's ServiceAccount leads through the
 /// Lease the chart's Role names, with no patch, and publishes its selector's worker pod on
-/// the prefix's stream; `helm uninstall` takes every object of the release away.
+/// the prefix's stream; `podstream check ingest` finds every permission for that prefix and
+/// none for another Lease; `helm uninstall` takes every object of the release away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     let nats = NatsServer::start();
@@ -692,6 +693,36 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     assert!(listed.contains("\"status\":\"deployed\""), "{listed}");
 
     let kubeconfig = plane.service_account_kubeconfig(&namespace, "airflow-b-podstream-ingest");
+    // `podstream check ingest` under that account: every permission granted for the chart's
+    // prefix; under another prefix, the Lease's three verbs fail (exit 78).
+    let check = |prefix: &str| {
+        let output = Command::new(podstream_binary())
+            .args(["check", "ingest", "--nats", &nats.url(), "--prefix", prefix])
+            .args(["--namespaces", &namespace, "--lease-namespace", &namespace])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("PODSTREAM_STREAM_REPLICAS")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, report) = check("airflow-b");
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains("ok    kubernetes: update leases.coordination.k8s.io \"airflow-b-ingest\""),
+        "{report}"
+    );
+    let (code, report) = check("airflow-c");
+    assert_eq!(code, Some(78), "{report}");
+    let failed: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failed.len(), 3, "{report}");
+    assert!(
+        failed.iter().all(|l| l.contains("\"airflow-c-ingest\"")),
+        "{report}"
+    );
+
     let prefix = [
         "--prefix",
         "airflow-b",

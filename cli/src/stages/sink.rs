@@ -18,13 +18,13 @@ use crate::args::stream::{AckWaitArgs, NatsArgs, StreamArgs};
 )]
 pub struct SinkArgs {
     #[command(flatten)]
-    nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     #[command(flatten)]
     ops: crate::args::ops::OpsArgs,
     #[command(flatten)]
-    streams: StreamArgs,
+    pub(crate) streams: StreamArgs,
     #[command(flatten)]
-    db: DbArgs,
+    pub(crate) db: DbArgs,
     /// Durable consumer name; sinks with the same name share the commands.
     #[arg(
         long,

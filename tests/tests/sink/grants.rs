@@ -101,4 +101,39 @@ async fn the_documented_grants_are_enough_and_no_more() {
         .execute(&mut role)
         .await
         .expect("a column the sink writes");
+
+    // `podstream check sink` as that role: every privilege a passing line; one revoked, its
+    // line fails with the GRANT to run, and the exit status says configuration.
+    let check = |nats: &str| {
+        let output = std::process::Command::new(podstream_tests::podstream_binary())
+            .args(["check", "sink", "--nats", nats, "--db", &as_role])
+            .env_remove("PODSTREAM_STREAM_REPLICAS")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, report) = check(&nats.url());
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains("ok    database: UPDATE (queued_by_job_id) on task_instance"),
+        "{report}"
+    );
+    assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
+    sqlx::query(&format!(
+        "REVOKE UPDATE (queued_by_job_id) ON task_instance FROM {ROLE}"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let (code, report) = check(&nats.url());
+    assert_eq!(code, Some(78), "{report}");
+    let failed: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failed.len(), 1, "{report}");
+    assert!(
+        failed[0].contains("GRANT UPDATE (queued_by_job_id) ON task_instance TO"),
+        "{report}"
+    );
 }
