@@ -137,7 +137,7 @@ class CommandConsumer:
                 )
                 js = client.jetstream()
                 # Checked before this consumer declares itself: a refused executor leaves none.
-                self.refusal = await self._second_failure_owner(js)
+                self.refusal = await second_failure_owner(js, self.subject, self.config.sink_consumer)
                 if self.refusal:
                     log.error("podstream: %s", self.refusal)
                     return
@@ -187,24 +187,6 @@ class CommandConsumer:
                     await client.close()
         self.connected.clear()
 
-    async def _second_failure_owner(self, js: Any) -> Optional[str]:
-        """Why this executor must not act: the sink's consumer says the sink fails task
-        instances (a failure would be applied twice). Only the sink's consumer is asked: only
-        the sink's user may write it, where any user allowed a consumer could write another."""
-        stream = await js.find_stream_name_by_subject(self.subject)
-        try:
-            info = await js.consumer_info(stream, self.config.sink_consumer)
-        except nats.js.errors.NotFoundError:
-            return None
-        theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
-        if theirs not in (None, TASK_FAILURES_EXECUTOR):
-            return (
-                f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
-                "and this PodstreamKubernetesExecutor fails task instances itself: a failure "
-                "would be applied twice. Run podstream's sink with --task-failures executor."
-            )
-        return None
-
     async def _fetch(self, subscription: Any) -> None:
         assert self._stopping is not None
         while not self._stopping.is_set():
@@ -218,6 +200,26 @@ class CommandConsumer:
                 continue
             for message in messages:
                 self._inbox.put(Delivery(payload=message.data, subject=message.subject, message=message))
+
+
+async def second_failure_owner(js: Any, subject: str, sink_consumer: str) -> Optional[str]:
+    """Why an executor must not act: the sink's consumer on the stream of ``subject`` says the
+    sink fails task instances (a failure would be applied twice). Only the sink's consumer is
+    asked: only the sink's user may write it, where any user allowed a consumer could write
+    another."""
+    stream = await js.find_stream_name_by_subject(subject)
+    try:
+        info = await js.consumer_info(stream, sink_consumer)
+    except nats.js.errors.NotFoundError:
+        return None
+    theirs = (info.config.metadata or {}).get(TASK_FAILURES_METADATA)
+    if theirs not in (None, TASK_FAILURES_EXECUTOR):
+        return (
+            f"consumer {info.name} on {stream} says task failures belong to the {theirs}, "
+            "and this PodstreamKubernetesExecutor fails task instances itself: a failure "
+            "would be applied twice. Run podstream's sink with --task-failures executor."
+        )
+    return None
 
 
 async def _quiet(error: Exception) -> None:

@@ -109,6 +109,13 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         #: their commands act on a task.
         self.own_pods: "OrderedDict[Any, set]" = OrderedDict()
 
+    @staticmethod
+    def get_cli_commands() -> list:
+        """The stock executor's ``airflow kubernetes`` commands, and ``airflow podstream``."""
+        from podstream_airflow.check import cli_commands
+
+        return [*KubernetesExecutor.get_cli_commands(), *cli_commands()]
+
     def _scheduler(self) -> str:
         """This scheduler's job id, which Airflow sets before it starts the executor."""
         if self.scheduler_job_id is None:

@@ -51,6 +51,9 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "operators": [{"integration-name": INTEGRATION, "python-modules": ["podstream_airflow.spark"]}],
         "executors": ["podstream_airflow.PodstreamKubernetesExecutor"],
+        # Airflow 3.2 and later read the executor's commands from here (older ones ask
+        # PodstreamKubernetesExecutor.get_cli_commands).
+        "cli": ["podstream_airflow.check.cli_commands"],
         "config": {
             SECTION: {
                 "description": "Where PodstreamKubernetesExecutor reads podstream's commands.",
