@@ -504,3 +504,76 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
         assert refused == []
     finally:
         nats_server.stop()
+
+
+#: A scheduler's executor in a process of its own: Airflow's statsd client is made from the
+#: configuration the first time a metric is sent, so the test's [metrics] settings must be
+#: there from the start. It syncs once connected, waits for a line on stdin (the test stops
+#: NATS meanwhile), then syncs once the consumer has noticed.
+_SCHEDULER = """
+import sys, time
+from podstream_airflow import PodstreamKubernetesExecutor
+
+def until(check):
+    deadline = time.monotonic() + 30
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+executor = PodstreamKubernetesExecutor()
+executor.job_id = "7"
+executor.start()
+until(lambda: executor.podstream.waiting() == 3)
+executor.sync()
+print("synced", flush=True)
+sys.stdin.readline()
+until(lambda: not executor.podstream.connected.is_set())
+executor.sync()
+executor.end()
+"""
+
+
+def test_each_sync_says_whether_the_scheduler_takes_commands_and_how_many_wait(world, make_command):
+    """The gauges ``podstream.executor.connected.<job id>`` and ``...waiting.<job id>``
+    through Airflow's own statsd client: 1 while the consumer takes commands, 0 once NATS is
+    gone; the commands published for the scheduler and not yet taken."""
+    import socket
+    import sys
+
+    waiting = [make_command("fail", task_id=f"t{n}", reason="pod_failed") for n in range(3)]
+    run(_publish(world.url, [(f"podstream.commands.7.uid-t{n}", c.SerializeToString()) for n, c in enumerate(waiting)]))
+
+    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    statsd.bind(("127.0.0.1", 0))
+    statsd.settimeout(30)
+    env = {
+        **os.environ,
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.getsockname()[1]),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
+    scheduler = subprocess.Popen(
+        [sys.executable, "-c", _SCHEDULER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert scheduler.stdin is not None and scheduler.stdout is not None
+
+    received: list = []
+
+    def sent(line: str) -> None:
+        while line not in received:
+            received.extend(statsd.recv(65536).decode().splitlines())
+
+    try:
+        # Airflow logs to standard output too.
+        while scheduler.stdout.readline().strip() != "synced":
+            assert scheduler.poll() is None, "the scheduler process ended before its first sync"
+        sent("airflow.podstream.executor.connected.7:1|g")
+        sent("airflow.podstream.executor.waiting.7:3|g")
+        world.stop()
+        scheduler.stdin.write("go on\n")
+        scheduler.stdin.flush()
+        sent("airflow.podstream.executor.connected.7:0|g")
+        assert scheduler.wait(timeout=30) == 0
+    finally:
+        scheduler.kill()
+        statsd.close()

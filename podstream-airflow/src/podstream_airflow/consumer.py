@@ -62,6 +62,8 @@ class CommandConsumer:
         self._ready = threading.Event()
         #: Set while a subscription is live (for tests and health).
         self.connected = threading.Event()
+        #: Commands on the stream for this scheduler not yet fetched, as the last fetch saw.
+        self.unfetched = 0
         #: Why this executor must not take commands (a sink fails task instances too).
         self.refusal: Optional[str] = None
 
@@ -70,6 +72,11 @@ class CommandConsumer:
         self._thread = threading.Thread(target=self._run, name="podstream-commands", daemon=True)
         self._thread.start()
         self._ready.wait()
+
+    def waiting(self) -> int:
+        """Commands for this scheduler not yet taken: fetched and in the inbox, or still on the
+        stream as the last fetch saw."""
+        return self._inbox.qsize() + self.unfetched
 
     def take(self, limit: int = INBOX_LIMIT) -> list:
         """The deliveries that have arrived, at most ``limit``, without waiting."""
@@ -197,7 +204,9 @@ class CommandConsumer:
             try:
                 messages = await subscription.fetch(batch=min(FETCH_BATCH, room), timeout=1)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                self.unfetched = 0
                 continue
+            self.unfetched = messages[-1].metadata.num_pending if messages else 0
             for message in messages:
                 self._inbox.put(Delivery(payload=message.data, subject=message.subject, message=message))
 

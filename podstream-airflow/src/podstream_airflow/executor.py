@@ -44,6 +44,13 @@ UNTRACKED_METRIC = "podstream.executor.untracked_fail"
 #: Counts transfers, fails and completions skipped because they name a pod this scheduler did
 #: not launch or adopt for the task (a copy of the pod's annotations).
 FOREIGN_POD_METRIC = "podstream.executor.foreign_pod"
+#: A gauge per scheduler, ``<this>.<job id>``: 1 while its consumer takes commands, else 0.
+#: It and the next are emitted every sync; docs/install.md maps them to
+#: ``airflow_podstream_executor_*`` with a ``scheduler_job_id`` label, and the shipped alerts
+#: watch them.
+CONNECTED_METRIC = "podstream.executor.connected"
+#: A gauge per scheduler, ``<this>.<job id>``: commands for it not yet taken by its loop.
+WAITING_METRIC = "podstream.executor.waiting"
 #: The commands that act on a task: only its own pod's count.
 ACTING = ("transfer", "fail", "completed")
 
@@ -146,6 +153,9 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         if self.podstream and self.podstream.refusal:
             raise PodstreamConflict(self.podstream.refusal)
         if self.podstream:
+            connected = 1 if self.podstream.connected.is_set() else 0
+            Stats.gauge(f"{CONNECTED_METRIC}.{self._scheduler()}", connected)
+            Stats.gauge(f"{WAITING_METRIC}.{self._scheduler()}", self.podstream.waiting())
             self.podstream.ack(self._uncommitted)
         self._uncommitted = []
         deliveries = self.podstream.take() if self.podstream else []
