@@ -145,6 +145,24 @@ impl NatsServer {
     }
 }
 
+/// The variable in each node's environment that holds its storage directory: a configuration
+/// with its own `store_dir` names it (`store_dir: $NATS_STORE_DIR`).
+pub const STORE_DIR_VARIABLE: &str = "NATS_STORE_DIR";
+
+/// What every node of a [`NatsCluster`] runs with beyond its ports, name, routes and storage
+/// (given on the command line).
+#[derive(Debug, Clone, Default)]
+pub struct NodeConfig {
+    /// A configuration file's text, written beside the node's storage.
+    pub text: Option<String>,
+    /// Files copied beside it (by name), for its `include`s.
+    pub files: Vec<(String, std::path::PathBuf)>,
+    /// More command-line flags (TLS, say).
+    pub args: Vec<String>,
+    /// The environment its configuration reads (`$VARIABLE`s).
+    pub env: Vec<(String, String)>,
+}
+
 /// Three (or more) nats-servers with JetStream clustered over routes, each on its own ports
 /// and storage, for replicated streams.
 pub struct NatsCluster {
@@ -163,9 +181,17 @@ impl NatsCluster {
     /// # Panics
     /// When the nodes cannot start.
     pub fn start(size: usize) -> NatsCluster {
+        NatsCluster::start_configured(size, &NodeConfig::default())
+    }
+
+    /// [`NatsCluster::start`] with `config` on every node.
+    ///
+    /// # Panics
+    /// When the nodes cannot start.
+    pub fn start_configured(size: usize, config: &NodeConfig) -> NatsCluster {
         let mut failures = Vec::new();
         for _ in 0..3 {
-            match NatsCluster::try_start(size) {
+            match NatsCluster::try_start(size, config) {
                 Ok(cluster) => return cluster,
                 Err(failure) => failures.push(failure),
             }
@@ -176,7 +202,7 @@ impl NatsCluster {
         );
     }
 
-    fn try_start(size: usize) -> Result<NatsCluster, String> {
+    fn try_start(size: usize, config: &NodeConfig) -> Result<NatsCluster, String> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
         let routes: Vec<u16> = (0..size).map(|_| free_port()).collect();
@@ -195,9 +221,30 @@ impl NatsCluster {
             let node_dir = cluster.dir.path().join(format!("node-{index}"));
             std::fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("node dir: {e}"));
             let log = node_dir.join("nats-server.log");
-            let child = std::process::Command::new(nats_server_binary())
-                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-                .arg(node_dir.join("jetstream"))
+            let store = node_dir.join("jetstream");
+            let mut command = std::process::Command::new(nats_server_binary());
+            command.env(STORE_DIR_VARIABLE, &store);
+            if let Some(text) = &config.text {
+                for (name, source) in &config.files {
+                    std::fs::copy(source, node_dir.join(name))
+                        .unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+                }
+                let file = node_dir.join("nats-server.conf");
+                std::fs::write(&file, text).unwrap_or_else(|e| panic!("node config: {e}"));
+                command.arg("-c").arg(file);
+            }
+            // nats-server refuses `-sd` beside a configuration's own `store_dir`.
+            if !config
+                .text
+                .as_ref()
+                .is_some_and(|t| t.contains("store_dir"))
+            {
+                command.arg("-sd").arg(&store);
+            }
+            let child = command
+                .args(&config.args)
+                .envs(config.env.iter().map(|(k, v)| (k, v)))
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js"])
                 .args([
                     "-n",
                     &format!("node-{index}"),

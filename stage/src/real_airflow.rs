@@ -67,6 +67,9 @@ pub enum Executor {
     /// `stage/airflow/lib` extends it with story (h)'s hold), with `podstream run
     /// --task-failures executor` on a nats-server of its own.
     Podstream,
+    /// The caller's: the stage starts no NATS and no podstream, and Airflow runs with the
+    /// settings the caller adds ([`RealAirflow::set_up_with`]), as an install gives them.
+    Installed,
 }
 
 /// Which Kubernetes the stage runs Airflow on.
@@ -383,6 +386,21 @@ impl RealAirflow {
         executor: Executor,
         kubernetes: Kubernetes,
     ) -> RealAirflow {
+        RealAirflow::set_up_with(airflow, dags, executor, kubernetes, Vec::new())
+    }
+
+    /// [`RealAirflow::set_up_on`] with `settings` added to the environment of Airflow's
+    /// components and its worker pods (`AIRFLOW__…` variables, after the stage's own).
+    ///
+    /// # Panics
+    /// When anything fails to start: the test cannot go on without it.
+    pub fn set_up_with(
+        airflow: Airflow,
+        dags: Dags,
+        executor: Executor,
+        kubernetes: Kubernetes,
+        settings: Vec<(String, String)>,
+    ) -> RealAirflow {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pg = PgCluster::start_with_password();
         pg.create_database(DATABASE, Some(&airflow.cached_pg_dump()));
@@ -404,6 +422,10 @@ impl RealAirflow {
             "PODSTREAM_TEST_HOLD_AFTER_TAKING".to_owned(),
             endings.display().to_string(),
         ));
+        for (key, value) in settings {
+            env.retain(|(name, _)| *name != key);
+            env.push((key, value));
+        }
         let nats =
             (executor == Executor::Podstream).then(crate::nats::NatsServer::start_with_token);
         if let Some(nats) = &nats {
@@ -625,6 +647,29 @@ impl RealAirflow {
         let index = self.components.len() - 1;
         self.note(format!("started {component} #{index}"));
         index
+    }
+
+    /// Starts `command` as a component named `name` (its log kept, its processes killed with
+    /// the stage's); its index.
+    pub fn start_process(&mut self, name: &str, command: Command) -> usize {
+        let log = self
+            .dir
+            .path()
+            .join(format!("{name}-{}.log", self.components.len()));
+        self.components.push(Service::spawn(name, command, log));
+        let index = self.components.len() - 1;
+        self.note(format!("started {name} #{index}"));
+        index
+    }
+
+    /// The stage's own control plane, on [`Kubernetes::Real`].
+    pub fn control_plane(&self) -> Option<&crate::control_plane::ControlPlane> {
+        self.control_plane.as_ref()
+    }
+
+    /// The metadata database's URL, as its superuser `postgres` (with its password).
+    pub fn database_url(&self) -> String {
+        self.pg.url(DATABASE)
     }
 
     /// The whole logs of every component of that name, in start order.
