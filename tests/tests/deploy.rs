@@ -802,3 +802,154 @@ fn the_install_pages_checks_run_with_each_components_own_arguments() {
         );
     }
 }
+
+/// deploy/nats/values.yaml uses the NATS chart's own keys (nats-io/k8s `nats` 2.14.2, in
+/// tests/fixtures/charts): rendered with it, it makes what docs/install.md step 1 asks for (a
+/// cluster of three, JetStream with `sync_interval: always`, TLS for clients, podstream's
+/// users included with every password from one Secret, the exporter with JetStream consumer
+/// metrics and its PodMonitor), and the nats.conf it renders passes `nats-server -t` with the
+/// users file, the passwords and a certificate where the pods mount them.
+#[test]
+fn the_nats_values_are_the_charts_own_and_make_what_the_page_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let rendered = run(Command::new(podstream_stage::control_plane::tool("helm"))
+        .args(["template", "nats"])
+        .arg(workspace_root().join("tests/fixtures/charts/nats"))
+        .args(["--namespace", "nats", "--values"])
+        .arg(workspace_root().join("deploy/nats/values.yaml")));
+    let file = dir.path().join("nats.yaml");
+    std::fs::write(&file, rendered).unwrap();
+    let objects: Vec<Value> = yaml_documents(&file)
+        .into_iter()
+        .filter(|o| !o.is_null())
+        .collect();
+
+    let set = of_kind(&objects, "StatefulSet")[0];
+    assert_eq!(set["spec"]["replicas"], 3);
+    let pod = &set["spec"]["template"]["spec"];
+    let nats = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "nats")
+        .unwrap();
+    let users = ["INGEST", "PROCESS", "SINK", "AIRFLOW", "SPARK", "READER"];
+    for user in users {
+        let variable = format!("PODSTREAM_{user}_PASSWORD");
+        let env = nats["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == variable.as_str())
+            .unwrap_or_else(|| panic!("no {variable}"));
+        assert_eq!(
+            env["valueFrom"]["secretKeyRef"]["name"], "podstream-nats-passwords",
+            "{variable}"
+        );
+    }
+    assert!(
+        nats["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/etc/nats-config/podstream"),
+        "{nats}"
+    );
+    // Every mount of every container has its volume: the chart's own (its configuration,
+    // its TLS certificate) and the users file beside them.
+    let claims = set["spec"]["volumeClaimTemplates"].as_array().unwrap();
+    let volumes: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .chain(claims.iter().filter_map(|c| c["metadata"]["name"].as_str()))
+        .collect();
+    for container in pod["containers"].as_array().unwrap() {
+        for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+            let name = mount["name"].as_str().unwrap();
+            assert!(
+                volumes.contains(&name),
+                "{name} mounted, no such volume: {volumes:?}"
+            );
+        }
+    }
+    for needed in ["config", "podstream-users"] {
+        assert!(volumes.contains(&needed), "no volume {needed}: {volumes:?}");
+    }
+    let exporter = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "prom-exporter")
+        .expect("the exporter");
+    assert!(
+        strings(&exporter["args"]).contains(&"-jsz=all"),
+        "{exporter}"
+    );
+    assert_eq!(of_kind(&objects, "PodMonitor").len(), 1);
+    // What the pods mount, step 1 of the page creates.
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
+    for volume in pod["volumes"].as_array().unwrap() {
+        let created = match (
+            volume["configMap"]["name"].as_str(),
+            volume["secret"]["secretName"].as_str(),
+        ) {
+            (Some(map), _) if map != "nats-config" => format!("create configmap {map} "),
+            (_, Some(secret)) if secret == "nats-server-tls" => {
+                format!("create secret tls {secret} ")
+            }
+            _ => continue,
+        };
+        assert!(
+            page.contains(&created),
+            "no step of install.md does `{created}`"
+        );
+    }
+    assert!(page.contains("create secret generic podstream-nats-passwords "));
+
+    let config = of_kind(&objects, "ConfigMap")
+        .into_iter()
+        .find_map(|c| c["data"]["nats.conf"].as_str())
+        .expect("nats.conf")
+        .to_owned();
+    for wanted in [
+        "include ./podstream/podstream-users.conf",
+        "\"sync_interval\": \"always\"",
+        "\"cert_file\": \"/etc/nats-certs/nats/tls.crt\"",
+    ] {
+        assert!(config.contains(wanted), "{wanted} not in\n{config}");
+    }
+
+    // The rendered file as nats-server reads it, what the pods mount moved under `dir`.
+    let pki = podstream_stage::pki::Pki::new();
+    let mounts = dir.path().join("mounts");
+    std::fs::create_dir_all(mounts.join("certs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("podstream")).unwrap();
+    std::fs::copy(pki.path("server.pem"), mounts.join("certs/tls.crt")).unwrap();
+    std::fs::copy(pki.path("server-key.pem"), mounts.join("certs/tls.key")).unwrap();
+    std::fs::copy(
+        workspace_root().join("deploy/nats/podstream-users.conf"),
+        dir.path().join("podstream/podstream-users.conf"),
+    )
+    .unwrap();
+    let moved = config
+        .replace(
+            "/etc/nats-certs/nats",
+            &mounts.join("certs").display().to_string(),
+        )
+        .replace("\"/data", &format!("\"{}", mounts.join("data").display()))
+        .replace("/var/run/nats", &mounts.join("run").display().to_string());
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, moved).unwrap();
+    let mut server = Command::new(podstream_stage::nats::nats_server_binary());
+    server
+        .arg("-c")
+        .arg(&conf)
+        .arg("-t")
+        .env("SERVER_NAME", "nats-0");
+    for user in users {
+        server.env(format!("PODSTREAM_{user}_PASSWORD"), "a-password");
+    }
+    run(&mut server);
+}
