@@ -953,3 +953,56 @@ fn the_nats_values_are_the_charts_own_and_make_what_the_page_asks() {
     }
     run(&mut server);
 }
+
+/// The Airflow chart values of docs/install.md step 4 keep the schedulers' credentials to the
+/// schedulers: worker pods log in as the users file's `podstream-spark` (the Spark bucket, read
+/// only) with a password Secret of their own, and never mount the pod-signing key.
+#[test]
+fn the_worker_pods_get_their_own_user_and_no_signing_key() {
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
+    let from = page.find("Then the chart's values").unwrap();
+    let block = &page[from..];
+    let block = &block[block.find("```yaml\n").unwrap() + "```yaml\n".len()..];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("airflow-values.yaml");
+    std::fs::write(&file, &block[..block.find("```").unwrap()]).unwrap();
+    let values = yaml_documents(&file).remove(0);
+    let users =
+        std::fs::read_to_string(workspace_root().join("deploy/nats/podstream-users.conf")).unwrap();
+
+    let scheduler_user = values["config"]["podstream"]["user"].as_str().unwrap();
+    let workers = &values["workers"];
+    let worker_user = workers["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "AIRFLOW__PODSTREAM__USER")
+        .and_then(|e| e["value"].as_str())
+        .expect("the workers' own NATS user");
+    assert_ne!(worker_user, scheduler_user);
+    assert!(
+        users.contains(&format!("user: {worker_user}\n")),
+        "{worker_user}"
+    );
+    let secrets = |component: &Value| -> Vec<String> {
+        component["extraVolumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["secret"]["secretName"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let theirs = secrets(workers);
+    let schedulers = secrets(&values["scheduler"]);
+    assert!(
+        !theirs.contains(&"podstream-pod-signing".to_owned()),
+        "workers mount the signing key: {theirs:?}"
+    );
+    assert!(schedulers.contains(&"podstream-pod-signing".to_owned()));
+    assert!(
+        !theirs
+            .iter()
+            .any(|s| schedulers.contains(s) && s.contains("nats")),
+        "workers mount the schedulers' NATS password: {theirs:?}"
+    );
+}
