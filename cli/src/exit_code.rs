@@ -31,13 +31,11 @@ impl Exit {
     /// The class of `error`: the fault its first typed cause says it is (each library's
     /// errors say it themselves, [`Classified`]).
     pub fn of(error: &anyhow::Error) -> Exit {
-        fault_in(error).map_or(Exit::Failure, Exit::from)
+        error
+            .chain()
+            .find_map(fault_of)
+            .map_or(Exit::Failure, Exit::from)
     }
-}
-
-/// The fault of `error`'s first typed cause, when one says.
-pub fn fault_in(error: &anyhow::Error) -> Option<Fault> {
-    error.chain().find_map(fault_of)
 }
 
 impl From<Fault> for Exit {

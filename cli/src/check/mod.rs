@@ -136,11 +136,7 @@ fn configured<T>(report: &mut Report, config: anyhow::Result<T>) -> Option<T> {
             Some(config)
         }
         Err(error) => {
-            report.fail(
-                "configuration",
-                crate::exit_code::fault_in(&error).unwrap_or(Fault::Configuration),
-                format!("{error:#}"),
-            );
+            report.fail("configuration", Fault::Configuration, format!("{error:#}"));
             None
         }
     }
