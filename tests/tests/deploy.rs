@@ -584,6 +584,7 @@ fn the_chart_follows_its_values() {
             "monitoring.prometheusRule.enabled=true",
             "monitoring.prometheusRule.labels.release=kube-prometheus",
             "monitoring.runbookUrl=https://runbooks.example/podstream.md",
+            "secrets.natsClientCertificate=podstream-nats-client",
         ],
     )
     .unwrap();
@@ -615,6 +616,32 @@ fn the_chart_follows_its_values() {
     }
     let settings = &of_kind(&objects, "ConfigMap")[0]["data"];
     assert_eq!(settings["PODSTREAM_PREFIX"], "airflow-b");
+    // Mutual TLS: each component presents the Secret's certificate, mounted where the
+    // settings say.
+    for deployment in &deployments {
+        let pod = &deployment["spec"]["template"]["spec"];
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["secret"]["secretName"] == "podstream-nats-client")
+            .expect("the client certificate's volume");
+        let mount = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume["name"])
+            .expect("its mount");
+        let dir = mount["mountPath"].as_str().unwrap();
+        assert_eq!(
+            settings["PODSTREAM_NATS_CERT"],
+            format!("{dir}/tls.crt").as_str()
+        );
+        assert_eq!(
+            settings["PODSTREAM_NATS_KEY"],
+            format!("{dir}/tls.key").as_str()
+        );
+    }
     assert_eq!(settings["PODSTREAM_POD_SELECTOR"], "release=airflow-b");
     let ingest_args = strings(&deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(

@@ -162,19 +162,30 @@ securityContext:
     drop: ["ALL"]
 {{- end -}}
 
-{{/* The CA's mount, first of every container's. */}}
+{{/* The CA's mount, first of every container's, and the NATS client certificate's. */}}
 {{- define "podstream.caMount" -}}
 - name: ca
   mountPath: /var/run/secrets/podstream/ca
   readOnly: true
+{{- if .Values.secrets.natsClientCertificate }}
+- name: nats-client
+  mountPath: /var/run/secrets/podstream/nats-client
+  readOnly: true
+{{- end }}
 {{- end -}}
 
-{{/* The CA's volume, first of every pod's. */}}
+{{/* The CA's volume, first of every pod's, and the NATS client certificate's. */}}
 {{- define "podstream.caVolume" -}}
 - name: ca
   secret:
     secretName: {{ .Values.secrets.ca }}
     defaultMode: 0440
+{{- with .Values.secrets.natsClientCertificate }}
+- name: nats-client
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{/* One key of the NATS passwords' Secret as the file `password`; call with (list $ "ingest"). */}}
