@@ -17,6 +17,35 @@ pub use podstream_stage::{
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The statements of docs/install.md's step 2 (the sink's PostgreSQL role), one per item,
+/// comments dropped: the suite runs them as the page gives them.
+///
+/// # Panics
+/// When the page has no such step.
+pub fn install_page_sql() -> Vec<String> {
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md"))
+        .unwrap_or_else(|e| panic!("docs/install.md: {e}"));
+    let step = page
+        .split_once("## 2. PostgreSQL")
+        .unwrap_or_else(|| panic!("install.md has no PostgreSQL step"))
+        .1;
+    let block = step
+        .split_once("```sql\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("install.md's PostgreSQL step has no SQL block"))
+        .0;
+    block
+        .lines()
+        .map(|line| line.split_once("--").map_or(line, |(sql, _)| sql).trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

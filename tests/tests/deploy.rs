@@ -59,6 +59,20 @@ fn render(overlay: &str, dir: &Path) -> (PathBuf, Vec<Value>) {
     (file, objects)
 }
 
+/// `podstream <args>` parses: clap refuses an unknown flag or value before `--help`.
+fn assert_parses(args: &[&str]) {
+    let parsed = Command::new(podstream_binary())
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        parsed.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+}
+
 fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
     objects.iter().filter(|o| o["kind"] == kind).collect()
 }
@@ -130,16 +144,7 @@ fn every_overlay_renders_validates_and_keeps_the_promises() {
 
             // Every flag is one the binary takes (clap refuses an unknown one before --help).
             let args = strings(&container["args"]);
-            let checked = Command::new(podstream_binary())
-                .args(&args)
-                .arg("--help")
-                .output()
-                .unwrap();
-            assert!(
-                checked.status.success(),
-                "{name}: {args:?}: {}",
-                String::from_utf8_lossy(&checked.stderr)
-            );
+            assert_parses(&args);
             // Its NATS user is one the shipped server config defines.
             let user = args
                 .iter()
@@ -816,17 +821,10 @@ fn the_install_pages_checks_run_with_each_components_own_arguments() {
             checked, runs,
             "{component}: the page checks other arguments"
         );
-        let parsed = Command::new(podstream_binary())
-            .arg("check")
-            .args(&check)
-            .arg("--help")
-            .output()
-            .unwrap();
-        assert!(
-            parsed.status.success(),
-            "{check:?}: {}",
-            String::from_utf8_lossy(&parsed.stderr)
-        );
+        let args: Vec<&str> = std::iter::once("check")
+            .chain(check.iter().copied())
+            .collect();
+        assert_parses(&args);
     }
 }
 

@@ -217,15 +217,8 @@ fn the_install_page_runs_as_written() {
     let kubeconfig = real.kubeconfig.clone();
 
     // Step 2: the sink's role, as the page's SQL makes it.
-    let sql = block_after(&page, "## 2. PostgreSQL", "```sql");
-    let statements: Vec<String> = sql
-        .lines()
-        .map(|line| line.split_once("--").map_or(line, |(sql, _)| sql).trim())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    let statements: Vec<String> = podstream_tests::install_page_sql()
+        .into_iter()
         .map(|s| s.replace("PASSWORD '...'", &format!("PASSWORD '{db_password}'")))
         .collect();
     assert!(statements.len() >= 6, "{statements:?}");

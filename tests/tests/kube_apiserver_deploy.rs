@@ -384,23 +384,7 @@ async fn a_second_deployment_under_its_own_prefix_works_under_the_role_it_docume
             "leases.coordination.k8s.io/airflow-b-ingest",
         )
     });
-    let mut ingest = IngestProcess::start(&kubeconfig, &namespace, &nats.url(), "b-0", &prefix);
-    let mut pod = WorkerPod::new("b-pod", "1", "etl", "extract", "manual__1");
-    pod.namespace.clone_from(&namespace);
-    let mut json = pod.to_json();
-    json["metadata"]["labels"]["release"] = "airflow-b".into();
-    let (ok, _, err) = plane.kubectl_with_input(&["create", "-f", "-"], &json.to_string());
-    assert!(ok, "{err}");
-    let stream = Subjects::new("airflow-b")
-        .unwrap()
-        .stream_name(Stream::PodEvents);
-    bus::settle(&js, &stream, 1, Duration::ZERO, Duration::from_secs(60)).await;
-    assert!(
-        lease_holder(plane, &namespace, "airflow-b-ingest").is_some_and(|h| h.starts_with("b-0_")),
-        "{}",
-        ingest.log()
-    );
-    assert!(ingest.terminate().success(), "{}", ingest.log());
+    leads_as_airflow_b(plane, &js, &namespace, &kubeconfig, &nats.url()).await;
 }
 
 /// The kustomize patch docs/operations.md gives for a second deployment's Role, with its
@@ -723,29 +707,7 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
         "{report}"
     );
 
-    let prefix = [
-        "--prefix",
-        "airflow-b",
-        "--pod-selector",
-        "release=airflow-b",
-    ];
-    let mut ingest = IngestProcess::start(&kubeconfig, &namespace, &nats.url(), "b-0", &prefix);
-    let mut pod = WorkerPod::new("b-pod", "1", "etl", "extract", "manual__1");
-    pod.namespace.clone_from(&namespace);
-    let mut json = pod.to_json();
-    json["metadata"]["labels"]["release"] = "airflow-b".into();
-    let (ok, _, err) = plane.kubectl_with_input(&["create", "-f", "-"], &json.to_string());
-    assert!(ok, "{err}");
-    let stream = Subjects::new("airflow-b")
-        .unwrap()
-        .stream_name(Stream::PodEvents);
-    bus::settle(&js, &stream, 1, Duration::ZERO, Duration::from_secs(60)).await;
-    assert!(
-        lease_holder(plane, &namespace, "airflow-b-ingest").is_some_and(|h| h.starts_with("b-0_")),
-        "{}",
-        ingest.log()
-    );
-    assert!(ingest.terminate().success(), "{}", ingest.log());
+    leads_as_airflow_b(plane, &js, &namespace, &kubeconfig, &nats.url()).await;
 
     helm(&["uninstall", "airflow-b", "--wait"]);
     let (ok, left, err) = plane.kubectl(&[
@@ -760,4 +722,39 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     ]);
     assert!(ok, "{err}");
     assert!(left.trim().is_empty(), "left after uninstall: {left}");
+}
+
+/// The second deployment's ingest (`--prefix airflow-b --pod-selector release=airflow-b`)
+/// under `kubeconfig`: it publishes a worker pod of its selector on the prefix's stream, holds
+/// the Lease `airflow-b-ingest`, and stops cleanly.
+async fn leads_as_airflow_b(
+    plane: &ControlPlane,
+    js: &jetstream::Context,
+    namespace: &str,
+    kubeconfig: &Path,
+    nats: &str,
+) {
+    let prefix = [
+        "--prefix",
+        "airflow-b",
+        "--pod-selector",
+        "release=airflow-b",
+    ];
+    let mut ingest = IngestProcess::start(kubeconfig, namespace, nats, "b-0", &prefix);
+    let mut pod = WorkerPod::new("b-pod", "1", "etl", "extract", "manual__1");
+    pod.namespace = namespace.to_owned();
+    let mut json = pod.to_json();
+    json["metadata"]["labels"]["release"] = "airflow-b".into();
+    let (ok, _, err) = plane.kubectl_with_input(&["create", "-f", "-"], &json.to_string());
+    assert!(ok, "{err}");
+    let stream = Subjects::new("airflow-b")
+        .unwrap()
+        .stream_name(Stream::PodEvents);
+    bus::settle(js, &stream, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    assert!(
+        lease_holder(plane, namespace, "airflow-b-ingest").is_some_and(|h| h.starts_with("b-0_")),
+        "{}",
+        ingest.log()
+    );
+    assert!(ingest.terminate().success(), "{}", ingest.log());
 }

@@ -4,7 +4,6 @@
 use sqlx::Connection as _;
 
 use super::support::*;
-use podstream_tests::workspace_root;
 
 /// The role the page's SQL creates, renamed so tests sharing the cluster keep apart.
 const ROLE: &str = "podstream_documented";
@@ -12,24 +11,8 @@ const ROLE: &str = "podstream_documented";
 /// The SQL block of install.md's PostgreSQL step, for `database` and [`ROLE`]: one statement
 /// per item, comments dropped.
 fn documented_grants(database: &str) -> Vec<String> {
-    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
-    let step = page
-        .split_once("## 2. PostgreSQL")
-        .expect("install.md has its PostgreSQL step")
-        .1;
-    let block = step
-        .split_once("```sql\n")
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("the step has a SQL block")
-        .0;
-    block
-        .lines()
-        .map(|line| line.split_once("--").map_or(line, |(sql, _)| sql).trim())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    podstream_tests::install_page_sql()
+        .into_iter()
         .filter(|s| s.contains(" podstream"))
         .map(|s| {
             s.replace("ROLE podstream ", &format!("ROLE {ROLE} "))
