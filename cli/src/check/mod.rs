@@ -143,56 +143,48 @@ fn configured<T>(report: &mut Report, config: anyhow::Result<T>) -> Option<T> {
 }
 
 async fn ingest(args: &IngestArgs, report: &mut Report) {
+    use podstream_ingest::service;
     let Some(config) = configured(report, args.config()) else {
         return;
     };
-    let mut streams = vec![
-        podstream_proto::subject::Stream::PodEvents,
-        podstream_proto::subject::Stream::DeadLetters,
-    ];
-    if config.spark {
-        streams.push(podstream_proto::subject::Stream::Spark);
-    }
+    let buckets = [config.checkpoint_bucket.as_str()];
     nats::check(
         report,
         &config.bus,
-        "podstream-ingest",
-        &streams,
-        &[config.checkpoint_bucket.as_str()],
+        service::CLIENT,
+        &service::streams(&config),
+        &buckets,
     )
     .await;
     kubernetes::check(report, &config).await;
 }
 
 async fn process(args: &ProcessArgs, report: &mut Report) {
+    use podstream_processor::service;
     let Some(config) = configured(report, args.config()) else {
         return;
     };
-    use podstream_proto::subject::Stream;
-    let mut streams = vec![Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
-    let mut buckets = vec![config.bucket.as_str()];
-    if let Some(spark) = &config.spark_bucket {
-        streams.push(Stream::Spark);
-        buckets.push(spark.as_str());
-    }
-    nats::check(report, &config.bus, "podstream-process", &streams, &buckets).await;
+    let buckets: Vec<&str> = std::iter::once(config.bucket.as_str())
+        .chain(config.spark_bucket.as_deref())
+        .collect();
+    nats::check(
+        report,
+        &config.bus,
+        service::CLIENT,
+        &service::streams(&config),
+        &buckets,
+    )
+    .await;
 }
 
 async fn sink(args: &SinkArgs, report: &mut Report) {
-    use podstream_proto::subject::Stream;
+    use podstream_sink::service;
     let Some(target) = configured(report, args.db.target()) else {
         return;
     };
     let bus = args
         .streams
         .bus(args.nats.url(), args.nats.security.security());
-    nats::check(
-        report,
-        &bus,
-        "podstream-sink",
-        &[Stream::Commands, Stream::DeadLetters],
-        &[],
-    )
-    .await;
+    nats::check(report, &bus, service::CLIENT, &service::STREAMS, &[]).await;
     database::check(report, &target).await;
 }

@@ -79,6 +79,19 @@ impl Default for IngestConfig {
 
 /// Publishes awaiting their ack at most, by default.
 pub const DEFAULT_ACK_WINDOW: usize = 1024;
+/// The ingest's NATS client name: its replies come to `_INBOX_podstream-ingest`.
+pub const CLIENT: &str = "podstream-ingest";
+
+/// The streams the ingest writes, the pod events' first.
+pub fn streams(config: &IngestConfig) -> Vec<podstream_proto::subject::Stream> {
+    use podstream_proto::subject::Stream;
+    let mut streams = vec![Stream::PodEvents, Stream::DeadLetters];
+    if config.spark {
+        streams.push(Stream::Spark);
+    }
+    streams
+}
+
 /// The checkpoint KV bucket by default.
 pub const DEFAULT_CHECKPOINT_BUCKET: &str = "podstream-ingest";
 /// The role in the name of a prefix's checkpoint bucket (`<prefix>-ingest`).

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use podstream_bus::{Condition, OnTheBus};
-use podstream_proto::subject::Stream;
 
 use super::publishing::Ingest;
 use super::watch::BURST;
@@ -48,15 +47,12 @@ pub(super) async fn start(
             .duplicate_window
             .unwrap_or_else(podstream_bus::config::default_duplicate_window),
     )?;
-    let mut wanted = vec![Stream::PodEvents, Stream::DeadLetters];
-    if config.spark {
-        wanted.push(Stream::Spark);
-    }
+    let wanted = super::streams(config);
     let OnTheBus {
         js,
         subjects,
         streams: ready,
-    } = podstream_bus::start(&config.bus, "podstream-ingest", &wanted).await?;
+    } = podstream_bus::start(&config.bus, super::CLIENT, &wanted).await?;
     let pods = &ready[0];
     fits_the_duplicate_window(config.checkpoint_interval, pods.duplicate_window)?;
     // A standby waits here, connected; SIGTERM ends the wait.

@@ -81,6 +81,19 @@ pub struct ProcessConfig {
     pub health: Health,
 }
 
+/// The processor's NATS client name: its replies come to `_INBOX_podstream-process`.
+pub const CLIENT: &str = "podstream-process";
+
+/// The streams the processor reads and writes, the pod events' first.
+pub fn streams(config: &ProcessConfig) -> Vec<podstream_proto::subject::Stream> {
+    use podstream_proto::subject::Stream;
+    let mut streams = vec![Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
+    if config.spark_bucket.is_some() {
+        streams.push(Stream::Spark);
+    }
+    streams
+}
+
 /// The durable consumer's name by default (and the bucket's).
 pub const DEFAULT_CONSUMER: &str = "podstream-process";
 /// The KV bucket of task records by default.

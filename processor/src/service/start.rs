@@ -25,15 +25,12 @@ pub(super) struct Started {
 
 /// Connects, makes the streams and the bucket ready and binds the consumers.
 pub(super) async fn start(config: &ProcessConfig) -> Result<Started, ProcessError> {
-    let mut wanted = vec![Stream::PodEvents, Stream::Commands, Stream::DeadLetters];
-    if config.spark_bucket.is_some() {
-        wanted.push(Stream::Spark);
-    }
+    let wanted = super::streams(config);
     let OnTheBus {
         js,
         subjects,
         streams: ready,
-    } = podstream_bus::start(&config.bus, "podstream-process", &wanted).await?;
+    } = podstream_bus::start(&config.bus, super::CLIENT, &wanted).await?;
     let pods = &ready[0];
     let records = open_bucket(&js, config, pods).await?;
     let pods = streams::while_unavailable(&pods.name, || js.get_stream(&pods.name))

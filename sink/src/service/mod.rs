@@ -31,6 +31,13 @@ pub use start::StartError;
 pub const DEFAULT_CONNECTIONS: usize = 3;
 /// The durable consumer's name by default; sinks with the same name share the work.
 pub const DEFAULT_CONSUMER: &str = "podstream-sink";
+/// The sink's NATS client name: its replies come to `_INBOX_podstream-sink`.
+pub const CLIENT: &str = "podstream-sink";
+/// The streams the sink reads and writes, the commands' first.
+pub const STREAMS: [podstream_proto::subject::Stream; 2] = [
+    podstream_proto::subject::Stream::Commands,
+    podstream_proto::subject::Stream::DeadLetters,
+];
 /// Commands per transaction at most, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 500;
 /// Milliseconds a batch smaller than the batch size waits for more, by default.

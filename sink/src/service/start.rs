@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::pull};
 use futures::TryStreamExt;
 use podstream_bus::{OnTheBus, streams};
-use podstream_proto::subject::{Stream, Subjects};
+use podstream_proto::subject::Subjects;
 
 use super::{SinkConfig, SinkError, TASK_FAILURES_METADATA};
 use crate::db::Database;
@@ -71,12 +71,11 @@ pub(super) struct Started {
 
 /// Connects, makes the streams ready and binds the consumer.
 pub(super) async fn start(config: &SinkConfig, db: &Database) -> Result<Started, SinkError> {
-    let wanted = [Stream::Commands, Stream::DeadLetters];
     let OnTheBus {
         js,
         subjects,
         streams: ready,
-    } = podstream_bus::start(&config.bus, "podstream-sink", &wanted).await?;
+    } = podstream_bus::start(&config.bus, super::CLIENT, &super::STREAMS).await?;
     let commands = &ready[0];
     // Ids are kept at least as long as the stream as it is keeps commands, whoever set it.
     let applied_retention =
