@@ -35,6 +35,9 @@ pub const SINK_COMMANDS: &str = "podstream_sink_commands_total";
 pub const SINK_BATCH_SECONDS: &str = "podstream_sink_batch_seconds";
 /// Counter: batches the database failed as a whole (retried).
 pub const SINK_BATCH_RETRIES: &str = "podstream_sink_batch_retries_total";
+/// Counter: worker pods the collector deleted or labelled done (each once); label `reason`
+/// (`finished`, `duplicate`, `stale`) and `action` (`deleted`, `labelled_done`).
+pub const COLLECTOR_PODS: &str = "podstream_collector_pods_total";
 /// Counter: dead letters stored; label `stage`.
 pub const DEAD_LETTERS: &str = "podstream_dead_letters_total";
 /// Gauge: 1 while a readiness condition of this process is met, else 0; label `condition`
@@ -47,7 +50,7 @@ pub const CONSUMER_PENDING: &str = "podstream_consumer_pending";
 pub const BUILD_INFO: &str = "podstream_build_info";
 
 /// Every metric above, for the dashboard's and the docs' checks.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     INGEST_EVENTS_PUBLISHED,
     INGEST_LISTS,
     INGEST_WATCH_ERRORS,
@@ -61,6 +64,7 @@ pub const ALL: [&str; 17] = [
     SINK_COMMANDS,
     SINK_BATCH_SECONDS,
     SINK_BATCH_RETRIES,
+    COLLECTOR_PODS,
     DEAD_LETTERS,
     READY,
     CONSUMER_PENDING,

@@ -5,7 +5,7 @@
 //! - [`duplicates`]: which pod drives a TI when several map to it.
 //! - `command`: [`TaskCommand`], a decided command borrowing from its event.
 //! - [`decide`](mod@decide): all of the above for one event and the prior state.
-//! - `state`: the per-pod and per-TI state the rules keep.
+//! - [`state`]: the per-pod and per-TI state the rules keep.
 //! - [`record`]: the record of one task instance and [`record::TaskRecord::decide`], how
 //!   one event changes it (pure), which every shell runs.
 //! - `processor`: [`Processor`], the in-process shell, and [`StateStore`]: where its task
@@ -30,7 +30,7 @@ pub(crate) mod record_cache;
 pub mod rules;
 pub mod service;
 pub mod spark;
-pub(crate) mod state;
+pub mod state;
 pub(crate) mod stats;
 pub(crate) mod task_lanes;
 

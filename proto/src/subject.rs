@@ -227,6 +227,8 @@ pub enum Stage {
     Processor,
     /// A command the sink could not apply.
     Sink,
+    /// A command the collector could not read.
+    Collector,
 }
 
 impl Stage {
@@ -236,6 +238,7 @@ impl Stage {
             Stage::Ingest => "ingest",
             Stage::Processor => "processor",
             Stage::Sink => "sink",
+            Stage::Collector => "collector",
         }
     }
 }

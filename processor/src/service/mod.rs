@@ -170,6 +170,18 @@ impl podstream_bus::fault::Classified for ProcessError {
     }
 }
 
+/// The KV bucket of task records `bucket`, opened (made when missing) as long-lived and as
+/// replicated as the pod-events stream `pods`: for the processor, and for the collector that
+/// reads it.
+pub async fn records_bucket(
+    js: &async_nats::jetstream::Context,
+    bucket: &str,
+    pods: &async_nats::jetstream::stream::Config,
+) -> Result<async_nats::jetstream::kv::Store, podstream_bus::StreamError> {
+    let description = "podstream processor: per task instance, its pods' states";
+    podstream_bus::streams::bucket_beside(js, bucket, description, pods).await
+}
+
 /// Runs until `shutdown` resolves; the batches in hand are finished first.
 pub async fn run(
     config: ProcessConfig,

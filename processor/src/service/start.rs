@@ -109,8 +109,7 @@ async fn open_bucket(
     config: &ProcessConfig,
     pods: &stream::Config,
 ) -> Result<kv::Store, ProcessError> {
-    let description = "podstream processor: per task instance, its pods' states";
-    streams::bucket_beside(js, &config.bucket, description, pods)
+    super::records_bucket(js, &config.bucket, pods)
         .await
         .map_err(|source| ProcessError::Bucket {
             bucket: config.bucket.clone(),
