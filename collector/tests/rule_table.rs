@@ -44,10 +44,21 @@ fn try_2(
     ev(kind, phase, name, rv).with(|e| e.task = Some(ti(2)))
 }
 
+/// One row: what happens, the story, the kind of command looked at, the settings, the
+/// command's age, and the verdicts.
+type Row = (
+    &'static str,
+    Vec<PodEvent>,
+    &'static str,
+    Settings,
+    Duration,
+    Vec<&'static str>,
+);
+
 #[test]
 fn collection_table() {
     let seconds = Duration::from_secs;
-    let rows: Vec<(&str, Vec<PodEvent>, &str, Settings, Duration, Vec<&str>)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "a pod that succeeded is deleted at once",
             vec![ev(Added, Running, "a", 1), ev(Modified, Succeeded, "a", 2)],
