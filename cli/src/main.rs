@@ -1,6 +1,6 @@
 //! `podstream`: one binary for every component of the pipeline.
 //!
-//! Rooms by command family: `stages/` (`run`, `ingest`, `process`, `sink`), `history/`
+//! Rooms by command family: `stages/` (`run`, `ingest`, `process`, `sink`, `collect`), `history/`
 //! (`tail`, `replay`, the timeline page), `offline/` (`decide`, `apply`), `world/` (`demo`,
 //! `sim`, `kubelet`: the test world, left out of the production build), `check/` (`check`: a
 //! component's configuration tried), `args/` (the flags they share); `exit_code.rs` and
@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use history::{replay, tail};
 use offline::{apply, decide};
-use stages::{ingest, process, run, sink};
+use stages::{collect, ingest, process, run, sink};
 use tracing_subscriber::EnvFilter;
 #[cfg(feature = "test-world")]
 use world::{demo, kubelet, sim};
@@ -71,6 +71,8 @@ enum Command {
     Apply(apply::ApplyArgs),
     /// Apply commands from JetStream to an Airflow metadata DB.
     Sink(sink::SinkArgs),
+    /// Delete worker pods once: those whose try ended, losing duplicates, superseded tries.
+    Collect(collect::CollectArgs),
     /// Play the seed stories end to end on embedded parts and report (exit 0 if all end right).
     #[cfg(feature = "test-world")]
     Demo(demo::DemoArgs),
@@ -115,6 +117,7 @@ fn main() -> ExitCode {
         Command::Process(args) => process::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Sink(args) => sink::run(args),
+        Command::Collect(args) => collect::run(args),
         #[cfg(feature = "test-world")]
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(args),

@@ -191,7 +191,8 @@ pub enum Kept {
     Gone,
     /// It is no candidate of its task instance (a foreign pod, or one the record never had).
     NotACandidate,
-    /// It is live and live pods are not collected ([`Settings::live_pods`]).
+    /// It is a live pod of a superseded try, and live pods are not collected
+    /// ([`Settings::live_pods`]); its own ending will be.
     Live,
     /// It failed and failed pods stay for inspection (`delete_worker_pods_on_failure`).
     FailedKept,
@@ -317,9 +318,21 @@ fn superseded(record: Option<&TaskRecord>, age: Duration, settings: &Settings) -
 fn late(candidate: &Candidate, reason: Reason, age: Duration, settings: &Settings) -> Verdict {
     let live = is_live(candidate.phase);
     if live && !settings.live_pods {
-        return Verdict::Keep {
-            pod: candidate.pod.clone(),
-            why: Kept::Live,
+        return match reason {
+            // A loser's ending sends no new command: it is judged again until it has ended.
+            Reason::Duplicate => Verdict::Wait {
+                pod: candidate.pod.clone(),
+                reason,
+                left: if age < settings.grace {
+                    settings.grace - age
+                } else {
+                    settings.grace
+                },
+            },
+            Reason::Finished | Reason::Stale => Verdict::Keep {
+                pod: candidate.pod.clone(),
+                why: Kept::Live,
+            },
         };
     }
     if age < settings.grace {

@@ -157,7 +157,7 @@ fn collection_table() {
             vec!["delete b duplicate"],
         ),
         (
-            "a live loser stays where a copy could win the order (no signed pods)",
+            "a live loser is judged again until it ended, where a copy could win the order (no signed pods)",
             vec![
                 ev(Added, Running, "a", 1),
                 ev(Added, Running, "b", 2).created(5_000),
@@ -165,7 +165,7 @@ fn collection_table() {
             "duplicate",
             airflow_defaults(),
             seconds(600),
-            vec!["keep a live"],
+            vec!["wait a duplicate 60s"],
         ),
         (
             "with signed pods a live loser is deleted after the grace period, on its resourceVersion",
@@ -250,6 +250,40 @@ fn collection_table() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Seed 003 on Airflow's defaults: the second pod is judged while it still waits, then again
+/// once it failed, and deleted then.
+#[test]
+fn a_live_loser_is_collected_once_it_has_ended() {
+    let mut world = World::default();
+    world.see(&ev(Added, Running, "a", 1));
+    world.see(&ev(Added, Pending, "b", 2).created(5_000));
+    let duplicate = world.last("duplicate").clone();
+    let judged = |world: &World, age: u64| -> Vec<String> {
+        world
+            .judge(&duplicate, Duration::from_secs(age), &airflow_defaults())
+            .iter()
+            .map(line)
+            .collect()
+    };
+    assert_eq!(judged(&world, 0), ["wait b duplicate 60s"]);
+    assert_eq!(judged(&world, 60), ["wait b duplicate 60s"]);
+    world.see(
+        &ev(Modified, Failed, "b", 3)
+            .created(5_000)
+            .exited(1, "Error"),
+    );
+    assert_eq!(judged(&world, 120), ["delete b duplicate"]);
+    assert!(
+        world
+            .commands
+            .iter()
+            .all(|c| c.pod.as_ref().unwrap().name == "a"
+                || c.kind.as_ref().unwrap().name() == "duplicate"),
+        "the loser's failure is not the task's: {:?}",
+        world.commands
+    );
 }
 
 /// A command judged again after the pod it names came to drive its try keeps it: the

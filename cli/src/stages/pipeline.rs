@@ -1,10 +1,12 @@
-//! Ingest, processor and sink in one process, for `podstream run` and `podstream demo`: three
-//! tasks with one shutdown, and a failure of any one stops the others.
+//! Ingest, processor, sink and (with `--collect-pods`) collector in one process, for `podstream
+//! run` and `podstream demo`: a task each with one shutdown, and a failure of any one stops the
+//! others.
 
 use std::future::Future;
 
 use anyhow::Context as _;
 use podstream_bus::BusConfig;
+use podstream_collector::service::{self as collect, CollectConfig};
 use podstream_ingest::service::{self as ingest, IngestConfig};
 use podstream_processor::service::{self as process, ProcessConfig};
 use podstream_sink::Database;
@@ -12,7 +14,7 @@ use podstream_sink::service::{self as sink, SinkConfig};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// The three components' configurations, on one bus: `bus` replaces each one's own.
+/// The components' configurations, on one bus: `bus` replaces each one's own.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     /// The NATS server, prefix and stream settings all three use.
@@ -23,6 +25,8 @@ pub struct PipelineConfig {
     pub process: ProcessConfig,
     /// The sink.
     pub sink: SinkConfig,
+    /// The collector, when pods are collected.
+    pub collect: Option<CollectConfig>,
 }
 
 /// A running pipeline.
@@ -32,7 +36,7 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the three components.
+    /// Starts the components.
     pub fn start(config: PipelineConfig, kube: kube::Client, db: Database) -> Pipeline {
         let (stop, stopped) = watch::channel(false);
         let until = move || {
@@ -47,10 +51,22 @@ impl Pipeline {
             ingest: mut ingest_config,
             process: mut process_config,
             sink: mut sink_config,
+            collect: collect_config,
         } = config;
         ingest_config.bus = bus.clone();
         process_config.bus = bus.clone();
-        sink_config.bus = bus;
+        sink_config.bus = bus.clone();
+        if let Some(mut collect_config) = collect_config {
+            collect_config.bus = bus;
+            let kube = kube.clone();
+            let stopped = until();
+            tasks.spawn(async move {
+                let stats = collect::run(collect_config, kube, stopped)
+                    .await
+                    .context("collector")?;
+                Ok(format!("collector: {stats}"))
+            });
+        }
         let stopped = until();
         tasks.spawn(async move {
             let stats = ingest::run(ingest_config, kube, stopped)

@@ -1,11 +1,13 @@
-//! `podstream run`: ingest, processor and sink in one process (docs/contract.md §4), for small
-//! installs. Without `--nats` it starts a local `nats-server` on `--data-dir`.
+//! `podstream run`: ingest, processor and sink (and, with `--collect-pods`, the collector) in
+//! one process (docs/contract.md §4), for small installs. Without `--nats` it starts a local
+//! `nats-server` on `--data-dir`.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use podstream_bus::local_server::{LocalServer, find_binary};
+use podstream_collector::service::CollectConfig;
 use podstream_ingest::service::{CHECKPOINT_ROLE, IngestConfig, kube_client};
 use podstream_processor::service::{BUCKET_ROLE, ProcessConfig};
 use podstream_sink::Database;
@@ -64,6 +66,12 @@ pub struct RunArgs {
     pub spark: crate::args::spark::SparkArgs,
     #[command(flatten)]
     pub spark_bucket: crate::args::spark::SparkBucketArgs,
+    /// Run the collector too: worker pods deleted once, by the collection rule (then set the
+    /// executor's `[podstream] collect_pods = True` so it deletes none itself).
+    #[arg(long, env = "PODSTREAM_COLLECT_PODS")]
+    pub collect_pods: bool,
+    #[command(flatten)]
+    pub collection: crate::args::collect::CollectionArgs,
 }
 
 impl RunArgs {
@@ -92,6 +100,13 @@ impl RunArgs {
                 applied_retention: self.retention.applied_retention_hours,
                 ack_wait: self.ack_wait.ack_wait(),
                 ..SinkConfig::default()
+            }),
+            collect: self.collect_pods.then(|| CollectConfig {
+                bucket: subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
+                records_bucket: subjects.resource_name(BUCKET_ROLE),
+                settings: self.collection.settings(),
+                ack_wait: self.ack_wait.ack_wait(),
+                ..CollectConfig::default()
             }),
         })
     }
@@ -125,7 +140,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         let health = args.ops.serve().await?;
         config.ingest.health = health.clone();
         config.process.health = health.clone();
-        config.sink.health = health;
+        config.sink.health = health.clone();
+        if let Some(collect) = config.collect.as_mut() {
+            collect.health = health;
+        }
         let kube = kube_client(args.kube.kube_context.as_deref()).await?;
         let db = Database::connect_to(&db_target)
             .await?

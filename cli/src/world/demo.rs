@@ -298,6 +298,7 @@ fn config(nats_url: &str) -> PipelineConfig {
         },
         process: ProcessConfig::default(),
         sink: SinkConfig::default(),
+        collect: None,
     }
 }
 
