@@ -738,3 +738,200 @@ async fn the_kubelet_runs_pods_on_the_real_api_server() {
         .unwrap();
     assert!(lease.spec.and_then(|s| s.renew_time).is_some());
 }
+
+/// The collector's ServiceAccount: it may delete pods, and do nothing else.
+fn collector_rbac(namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: podstream-collect\n  namespace: {namespace}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: podstream-collect\n  namespace: {namespace}\n\
+         rules:\n- apiGroups: [\"\"]\n  resources: [pods]\n  verbs: [delete]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: podstream-collect\n  namespace: {namespace}\n\
+         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: podstream-collect\n\
+         subjects:\n- kind: ServiceAccount\n  name: podstream-collect\n  namespace: {namespace}\n"
+    )
+}
+
+/// The collector's DELETE requests so far, by pod, with the API server's answers, from the
+/// audit log.
+fn deletes_by(plane: &ControlPlane, namespace: &str) -> HashMap<String, Vec<u16>> {
+    let user = format!("system:serviceaccount:{namespace}:podstream-collect");
+    let mut deletes: HashMap<String, Vec<u16>> = HashMap::new();
+    for request in plane.audit() {
+        if request.user == user && request.verb == "delete" && request.resource == "pods" {
+            deletes.entry(request.name).or_default().push(request.code);
+        }
+    }
+    deletes
+}
+
+/// The collector on the real API server, as a ServiceAccount that may only delete pods, behind
+/// a real ingest and processor: a pod that succeeded and one that failed are each deleted by
+/// exactly one DELETE (no 404); seed 003's second pod, which failed while the first drove, is
+/// deleted once after the grace period while the driving pod is never touched until its own
+/// try ends; a live pod of a superseded try is deleted after the grace period; and a delete
+/// on the preconditions of a pod since recreated under its name leaves the new pod alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
+    use podstream_collector::rule::Settings;
+    use podstream_collector::service::CollectConfig;
+    use podstream_processor::service::ProcessConfig;
+
+    let (nats, _js, plane, namespace) = rig("collect").await;
+    plane.apply(&collector_rbac(&namespace));
+    let collector_kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-collect");
+    let collector_kube = client(&collector_kubeconfig).await;
+    let admin = client(plane.admin_kubeconfig()).await;
+    let pods: Api<Pod> = Api::namespaced(admin, &namespace);
+
+    let ingest = start_ingest(plane, &namespace, &nats.url()).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let processor = tokio::spawn(podstream_processor::service::run(
+        ProcessConfig {
+            bus: BusConfig::at(&nats.url()),
+            ..ProcessConfig::default()
+        },
+        until(),
+    ));
+    let grace = Duration::from_secs(3);
+    let collector = tokio::spawn(podstream_collector::service::run(
+        CollectConfig {
+            bus: BusConfig::at(&nats.url()),
+            settings: Settings {
+                delete_worker_pods: true,
+                delete_worker_pods_on_failure: true,
+                grace,
+                live_pods: true,
+            },
+            ..CollectConfig::default()
+        },
+        collector_kube.clone(),
+        until(),
+    ));
+
+    let create = |name: &'static str, task: &'static str, try_number: u32| {
+        let pods = pods.clone();
+        let namespace = namespace.clone();
+        async move {
+            let mut pod = WorkerPod::new(name, "1", "etl", task, "manual__2026-12-06");
+            pod.namespace = namespace;
+            pod.try_number = try_number;
+            let pod: Pod = serde_json::from_value(pod.to_json()).unwrap();
+            pods.create(&PostParams::default(), &pod).await.unwrap()
+        }
+    };
+    let phase = |name: &'static str, phase: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let patch = Patch::Merge(json!({ "status": { "phase": phase } }));
+            pods.patch_status(name, &PatchParams::default(), &patch)
+                .await
+                .unwrap()
+        }
+    };
+    let gone = |name: &'static str| {
+        let pods = pods.clone();
+        async move { pods.get_opt(name).await.unwrap().is_none() }
+    };
+    let wait_until_gone = |names: &'static [&'static str]| {
+        let gone = gone.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            for name in names {
+                while !gone(name).await {
+                    assert!(Instant::now() < deadline, "{name} was never deleted");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+
+    for (name, task) in [
+        ("ends-well", "ok"),
+        ("ends-badly", "bad"),
+        ("twin-a", "twins"),
+        ("stale-1", "stale"),
+    ] {
+        create(name, task, 1).await;
+        phase(name, "Running").await;
+    }
+    // Seed 003: a second pod for the running task, which fails.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    create("twin-b", "twins", 1).await;
+    phase("twin-b", "Failed").await;
+    // Try 2 of `stale` runs while try 1's pod still does.
+    create("stale-2", "stale", 2).await;
+    phase("stale-2", "Running").await;
+    phase("ends-well", "Succeeded").await;
+    phase("ends-badly", "Failed").await;
+    let started = Instant::now();
+    wait_until_gone(&["ends-well", "ends-badly", "twin-b", "stale-1"]).await;
+    assert!(
+        started.elapsed() >= grace,
+        "a loser and a stale pod wait out the grace period"
+    );
+    assert!(
+        !gone("twin-a").await,
+        "the pod that drives is never deleted"
+    );
+    assert!(!gone("stale-2").await, "the pod of the live try stays");
+
+    // The driving pod's own try ends: it is deleted then, once.
+    phase("twin-a", "Succeeded").await;
+    wait_until_gone(&["twin-a"]).await;
+
+    // A pod recreated under a deleted pod's name is another pod: the old one's preconditions
+    // leave it alone.
+    let old = create("recreated", "again", 1).await;
+    pods.delete("recreated", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_gone(&["recreated"]).await;
+    let new = create("recreated", "again", 1).await;
+    let old_ref = podstream_proto::v1::PodRef {
+        namespace: namespace.clone(),
+        name: "recreated".into(),
+        uid: old.metadata.uid.clone().unwrap(),
+    };
+    let answer = podstream_collector::pods::delete(&collector_kube, &old_ref, None)
+        .await
+        .unwrap();
+    assert_eq!(answer, podstream_collector::pods::Answer::Replaced);
+    let new_ref = podstream_proto::v1::PodRef {
+        uid: new.metadata.uid.clone().unwrap(),
+        ..old_ref
+    };
+    let stale_version = old.metadata.resource_version.clone().unwrap();
+    let answer = podstream_collector::pods::delete(&collector_kube, &new_ref, Some(&stale_version))
+        .await
+        .unwrap();
+    assert_eq!(answer, podstream_collector::pods::Answer::Changed);
+    assert!(!gone("recreated").await, "the recreated pod is left alone");
+
+    let _ = stop.send(true);
+    let stats = collector.await.unwrap().unwrap();
+    processor.await.unwrap().unwrap();
+    ingest.stop().await;
+
+    let deletes = deletes_by(plane, &namespace);
+    let once = [200u16];
+    for name in ["ends-well", "ends-badly", "twin-b", "twin-a", "stale-1"] {
+        assert_eq!(
+            deletes.get(name).map(Vec::as_slice),
+            Some(&once[..]),
+            "{name}: one DELETE, answered 200: {deletes:?}"
+        );
+    }
+    assert_eq!(
+        deletes.get("recreated").map(Vec::as_slice),
+        Some(&[409u16, 409][..]),
+        "{deletes:?}"
+    );
+    assert_eq!(deletes.len(), 6, "no other pod deleted: {deletes:?}");
+    assert_eq!(stats.deleted, 5, "{stats}");
+}
