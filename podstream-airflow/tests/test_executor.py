@@ -171,6 +171,38 @@ def test_commands_enter_airflows_result_path_and_are_acked_after(world, make_com
         executor.end()
 
 
+@pytest.mark.parametrize("collect_pods", [False, True])
+def test_with_podstreams_collector_a_task_end_deletes_no_pod(world, make_command, monkeypatch, collect_pods):
+    """Stock, a task's end deletes its pod (``delete_worker_pods``); with ``[podstream]
+    collect_pods`` the collector does, and the executor deletes none: one deleter per pod."""
+    from kubernetes import client, config
+
+    monkeypatch.setenv("AIRFLOW__PODSTREAM__COLLECT_PODS", str(collect_pods))
+    monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__DELETE_WORKER_PODS", "True")
+    monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__DELETE_WORKER_PODS_ON_FAILURE", "True")
+    config.load_kube_config(os.environ["AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE"])
+    pods = client.CoreV1Api()
+    ended = [make_command("completed", task_id="done"), make_command("fail", task_id="broke", reason="pod_failed")]
+    for cmd in ended:
+        pods.create_namespaced_pod("airflow", client.V1Pod(
+            metadata=client.V1ObjectMeta(name=cmd.pod.name, labels={"airflow-worker": "7"}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="base", image="none")]),
+        ))
+    executor = started_executor()
+    try:
+        for cmd in ended:
+            make_own(executor, cmd)
+        run(_publish(world.url, [(f"podstream.commands.7.{c.pod.uid}", c.SerializeToString()) for c in ended]))
+        sync_until(executor, lambda: all(key_of(c) in executor.event_buffer for c in ended), "both ends taken")
+        left = {p.metadata.name for p in pods.list_namespaced_pod("airflow").items if p.metadata.deletion_timestamp is None}
+        names = {c.pod.name for c in ended}
+        assert (names <= left) == collect_pods, f"pods left: {left}"
+        if not collect_pods:
+            assert not names & left, "stock, the executor deletes both"
+    finally:
+        executor.end()
+
+
 def test_a_fail_for_a_task_not_launched_or_adopted_here_enters_nothing(world, make_command):
     """A fail under this scheduler's job id for a task it never launched or adopted (a forged
     pod labelled with the job id) enters nothing: no event, the pod it names is not deleted."""

@@ -15,6 +15,7 @@
 | ``ack_wait_seconds`` | ``60`` | how long NATS waits for the executor to take a command before redelivering it |
 | ``signing_key_file`` | | file holding the key the executor signs its pods with (``podstream process --require-signed-pods``) |
 | ``spark_bucket`` | ``<subject_prefix>-spark`` | KV bucket of the Spark jobs' chosen drivers (``podstream process --spark-bucket``), read by ``PodstreamSparkKubernetesOperator`` |
+| ``collect_pods`` | ``False`` | podstream's collector deletes worker pods (``podstream collect``, ``run --collect-pods``): the executor then deletes and labels none itself |
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ OPTIONS = (
         "KV bucket of the Spark jobs' chosen drivers (podstream process --spark-bucket); "
         "<subject_prefix>-spark when unset.",
     ),
+    Option(
+        "collect_pods",
+        "podstream's collector deletes worker pods (podstream collect, podstream run "
+        "--collect-pods): the executor then deletes and labels none when a task ends.",
+        "False",
+        "boolean",
+    ),
 )
 #: The subject prefix of the replies the executor's NATS connection receives.
 INBOX_PREFIX = "_INBOX_podstream-airflow"
@@ -117,6 +125,7 @@ class PodstreamConfig:
     ack_wait_seconds: float = DEFAULT_ACK_WAIT_SECONDS
     spark_bucket: str = DEFAULT_SPARK_BUCKET
     signing_key_file: Optional[str] = None
+    collect_pods: bool = False
 
     @classmethod
     def read(cls, get: Callable[[str], Optional[str]], scheduler_job_id: str) -> "PodstreamConfig":
@@ -135,6 +144,9 @@ class PodstreamConfig:
         if (value("cert_file") is None) != (value("key_file") is None):
             raise ValueError(f"[{SECTION}] cert_file and key_file go together (mutual TLS)")
         prefix = value("subject_prefix") or DEFAULT_PREFIX
+        collect_pods = (value("collect_pods") or "False").lower()
+        if collect_pods not in ("true", "false"):
+            raise ValueError(f"[{SECTION}] collect_pods is {value('collect_pods')!r}, not True or False")
         return cls(
             servers=servers,
             subject_prefix=prefix,
@@ -151,6 +163,7 @@ class PodstreamConfig:
             ack_wait_seconds=ack_wait_seconds,
             spark_bucket=value("spark_bucket") or resource_name(prefix, "spark"),
             signing_key_file=value("signing_key_file"),
+            collect_pods=collect_pods == "true",
         )
 
     @classmethod

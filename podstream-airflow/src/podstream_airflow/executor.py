@@ -67,6 +67,8 @@ class _SchedulerWithoutWatchers(kubernetes_executor_utils.AirflowKubernetesSched
     signing_key: Optional[bytes] = None
     #: Called with each pod just before it is created.
     on_launch: Optional[Callable[[Any], None]] = None
+    #: While true, deleting or labelling a pod done does nothing: podstream's collector does.
+    leave_pods: bool = False
 
     def _make_kube_watchers(self) -> dict:
         return {}
@@ -75,6 +77,16 @@ class _SchedulerWithoutWatchers(kubernetes_executor_utils.AirflowKubernetesSched
         sign_pod(self.signing_key, pod)
         if self.on_launch is not None:
             self.on_launch(pod)
+
+    def delete_pod(self, pod_name: str, namespace: str) -> None:
+        """Deletes the pod as the provider does, unless it is left to podstream's collector."""
+        if not self.leave_pods:
+            super().delete_pod(pod_name=pod_name, namespace=namespace)
+
+    def patch_pod_executor_done(self, *, pod_name: str, namespace: str) -> None:
+        """Labels the pod done as the provider does, unless it is left to podstream's collector."""
+        if not self.leave_pods:
+            super().patch_pod_executor_done(pod_name=pod_name, namespace=namespace)
 
     def run_pod_async(self, pod: Any, **kwargs: Any) -> Any:
         """Signs and remembers the pod, then creates it as the provider does (one at a time)."""
@@ -115,6 +127,8 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         #: (namespace, name) of the pods this scheduler launched or adopted, by TI key: only
         #: their commands act on a task.
         self.own_pods: "OrderedDict[Any, set]" = OrderedDict()
+        #: podstream's collector deletes the pods of ended tasks (``[podstream] collect_pods``).
+        self.collect_pods = False
 
     @staticmethod
     def get_cli_commands() -> list:
@@ -134,6 +148,7 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         with _launcher_without_watchers():
             super().start()
         config = PodstreamConfig.from_airflow(self._scheduler())
+        self.collect_pods = config.collect_pods
         launcher = cast(_SchedulerWithoutWatchers, self.kube_scheduler)
         launcher.signing_key = read_key(config.signing_key_file) if config.signing_key_file else None
         launcher.on_launch = self._launched
@@ -268,6 +283,16 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self.own_pods.move_to_end(key)
         while len(self.own_pods) > REMEMBERED_TASKS:
             self.own_pods.popitem(last=False)
+
+    def _change_state(self, *args: Any, **kwargs: Any) -> None:
+        """The stock change of state, which deletes or labels the task's pod unless podstream's
+        collector does (``[podstream] collect_pods``); a revoke still deletes its pod."""
+        launcher = cast(_SchedulerWithoutWatchers, self.kube_scheduler)
+        launcher.leave_pods = self.collect_pods
+        try:
+            super()._change_state(*args, **kwargs)
+        finally:
+            launcher.leave_pods = False
 
     def _launched(self, pod: Any) -> None:
         metadata = pod.metadata
