@@ -319,14 +319,45 @@ fn pod_summary(event: &Value) -> String {
     summary
 }
 
+/// Seconds `podstream run` leaves a losing duplicate or a stale pod before deleting it.
+pub const COLLECT_GRACE_SECONDS: u64 = 5;
+
+/// Who deletes pods on the stage's real control plane: each a service account of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Deleter {
+    /// Airflow's schedulers (their executor).
+    Scheduler,
+    /// `podstream run` (its collector).
+    Podstream,
+    /// The kubelet, confirming a graceful delete once the pod's processes ended.
+    Kubelet,
+}
+
+impl Deleter {
+    /// Every one.
+    pub const ALL: [Deleter; 3] = [Deleter::Scheduler, Deleter::Podstream, Deleter::Kubelet];
+
+    /// Its service account in namespace `airflow`.
+    pub fn account(self) -> &'static str {
+        match self {
+            Deleter::Scheduler => "airflow-scheduler",
+            Deleter::Podstream => "podstream",
+            Deleter::Kubelet => "podstream-kubelet",
+        }
+    }
+}
+
 /// A real Airflow on `podstream sim --kubelet`, with the stock executor or podstream's.
 pub struct RealAirflow {
     /// Which release.
     pub airflow: Airflow,
     /// Which executor its schedulers run.
     pub executor: Executor,
-    /// The simulator's kubeconfig.
+    /// The simulator's kubeconfig (on a real control plane, its admin's).
     pub kubeconfig: PathBuf,
+    /// The kubeconfig `podstream run` uses: the stage's, or on a real control plane a
+    /// service account of its own, so the audit log tells its requests apart.
+    podstream_kubeconfig: PathBuf,
     /// Where callbacks leave their markers.
     pub markers: PathBuf,
     /// Where a story says how a try of the story task ends (a file named after the try).
@@ -448,10 +479,16 @@ impl RealAirflow {
                 "AIRFLOW__PODSTREAM__SIGNING_KEY_FILE".to_owned(),
                 key.display().to_string(),
             ));
+            // `podstream run --collect-pods` deletes the pods: the executor deletes none.
+            env.push((
+                "AIRFLOW__PODSTREAM__COLLECT_PODS".to_owned(),
+                "True".to_owned(),
+            ));
         }
         let mut real = RealAirflow {
             airflow,
             executor,
+            podstream_kubeconfig: kubeconfig.clone(),
             kubeconfig,
             markers,
             endings,
@@ -550,6 +587,26 @@ impl RealAirflow {
         plane.create_namespace("airflow");
         std::fs::copy(plane.admin_kubeconfig(), &self.kubeconfig)
             .unwrap_or_else(|e| panic!("copying the kubeconfig: {e}"));
+        // Each client as a service account of its own (cluster-admin): the audit log says
+        // who sent each request.
+        let kubeconfig_of = |who: Deleter| {
+            let account = who.account();
+            plane.apply(&format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {account}\n  namespace: airflow\n---\n\
+                 apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: stage-{account}\n\
+                 roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\n\
+                 subjects:\n- kind: ServiceAccount\n  name: {account}\n  namespace: airflow\n"
+            ));
+            plane.service_account_kubeconfig("airflow", account)
+        };
+        let scheduler = kubeconfig_of(Deleter::Scheduler).display().to_string();
+        for (name, value) in &mut self.env {
+            if name == "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE" {
+                value.clone_from(&scheduler);
+            }
+        }
+        self.podstream_kubeconfig = kubeconfig_of(Deleter::Podstream);
+        let kubelet_kubeconfig = kubeconfig_of(Deleter::Kubelet);
         let mut command = Command::new(podstream_binary());
         command
             .args(["kubelet", "--namespace", "airflow", "--dir"])
@@ -557,7 +614,7 @@ impl RealAirflow {
             .arg("--env")
             .arg(self.pod_env_names())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", &self.kubeconfig);
+            .env("KUBECONFIG", &kubelet_kubeconfig);
         let kubelet = Service::spawn(
             "podstream kubelet",
             command,
@@ -581,8 +638,8 @@ impl RealAirflow {
         self.control_plane = Some(plane);
     }
 
-    /// `podstream run --task-failures executor` on the nats-server, the simulator and the
-    /// metadata DB, when the schedulers run podstream's executor.
+    /// `podstream run --task-failures executor --collect-pods` on the nats-server, the
+    /// simulator and the metadata DB, when the schedulers run podstream's executor.
     fn start_podstream(&mut self) {
         let Some(nats) = &self.nats else {
             return;
@@ -605,10 +662,36 @@ impl RealAirflow {
             .arg("--require-signed-pods")
             .arg("--pod-signing-key-file")
             .arg(self.dir.path().join(SIGNING_KEY_FILE))
-            .env("KUBECONFIG", &self.kubeconfig)
+            // Every candidate is signed: live losers and stale pods may go too, after a
+            // grace period short enough for a story.
+            .args(["--collect-pods", "--collect-live-pods"])
+            .args([
+                "--collect-grace-seconds",
+                &COLLECT_GRACE_SECONDS.to_string(),
+            ])
+            .env("KUBECONFIG", &self.podstream_kubeconfig)
             .env("RUST_LOG", "info");
         let log = self.dir.path().join("podstream-run.log");
         self.podstream = Some(Service::spawn("podstream run", command, log));
+    }
+
+    /// Every DELETE of a pod so far, on a real control plane (from its audit log): who sent it,
+    /// the pod's name, the answer's status. Empty on the simulator.
+    pub fn pod_deletes(&self) -> Vec<(Deleter, String, u16)> {
+        let Some(plane) = &self.control_plane else {
+            return Vec::new();
+        };
+        plane
+            .audit()
+            .into_iter()
+            .filter(|r| r.verb == "delete" && r.resource == "pods")
+            .filter_map(|r| {
+                let who = Deleter::ALL
+                    .into_iter()
+                    .find(|d| r.user == format!("system:serviceaccount:airflow:{}", d.account()))?;
+                Some((who, r.name, r.code))
+            })
+            .collect()
     }
 
     /// What `podstream run` has logged so far; empty with the stock executor.

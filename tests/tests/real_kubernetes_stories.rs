@@ -1,14 +1,19 @@
 //! The seed stories on a real Kubernetes control plane: real Airflow 3.1 schedulers whose
 //! kubernetes client talks to kube-apiserver (RBAC and admission on), `podstream kubelet` as
 //! the node, once with the stock KubernetesExecutor and once with `PodstreamKubernetesExecutor`
-//! beside `podstream run`; one story per seed. What each executor makes of each story is the
-//! same as on the simulator (tests/tests/stock_airflow.rs and podstream_stories.rs): the story
-//! outcomes do not hang on the simulator's own answers.
+//! beside `podstream run --collect-pods`; one story per seed. What each executor makes of each
+//! story is the same as on the simulator (tests/tests/stock_airflow.rs and
+//! podstream_stories.rs): the story outcomes do not hang on the simulator's own answers. The
+//! audit log counts who deleted each pod: with podstream's collector every ended pod is deleted
+//! by exactly one DELETE (no 404) and the schedulers send none; the stock count is printed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
 use podstream_tests::airflow::Airflow;
-use podstream_tests::real_airflow::{Executor, Kubernetes};
+use podstream_tests::real_airflow::{Deleter, Executor, Kubernetes, RealAirflow};
 use podstream_tests::stories::{Story, ended_right, heading, outcome, play_on};
 
 /// Plays `story` with each executor on the real API server: podstream's must end right; the
@@ -24,6 +29,10 @@ fn side_by_side(story: Story, stock: &[&str]) {
     );
     assert_eq!(state, "success", "{}", real.timeline());
     assert_eq!(real.markers(), stock, "{}", real.timeline());
+    println!(
+        "stock DELETEs per pod: {:?}",
+        deletes_by(&real, Deleter::Scheduler)
+    );
     drop(real);
 
     let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
@@ -36,6 +45,58 @@ fn side_by_side(story: Story, stock: &[&str]) {
     if let Err(why) = ended_right(&real, &state, story) {
         panic!("{why}\n{}", real.timeline());
     }
+    every_ended_pod_deleted_once(&real);
+}
+
+/// The answers to `who`'s DELETEs, by pod.
+fn deletes_by(real: &RealAirflow, who: Deleter) -> BTreeMap<String, Vec<u16>> {
+    let mut deletes: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+    for (deleter, pod, code) in real.pod_deletes() {
+        if deleter == who {
+            deletes.entry(pod).or_default().push(code);
+        }
+    }
+    deletes
+}
+
+/// With podstream's collector no worker pod is left once the story ended (the story's pods
+/// succeed, and a losing duplicate goes after the grace period), each deleted by one DELETE
+/// answered 200; the schedulers delete none.
+fn every_ended_pod_deleted_once(real: &RealAirflow) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left: Vec<String> = real
+            .pods()
+            .iter()
+            .filter(|p| p["metadata"]["namespace"] == "airflow")
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pods never collected: {left:?}\n{}\n{}",
+            real.podstream_log(),
+            real.timeline()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let collected = deletes_by(real, Deleter::Podstream);
+    println!("podstream DELETEs per pod: {collected:?}");
+    assert!(!collected.is_empty(), "the collector deleted the pods");
+    for (pod, codes) in &collected {
+        assert_eq!(
+            codes,
+            &[200],
+            "{pod}: one DELETE, answered 200: {collected:?}"
+        );
+    }
+    assert_eq!(
+        deletes_by(real, Deleter::Scheduler),
+        BTreeMap::new(),
+        "the executor leaves the pods to the collector"
+    );
 }
 
 /// Seed 001: a relabel during adoption while the task runs.
