@@ -7,8 +7,10 @@
 //!   what their answers mean.
 //! - [`service`]: `podstream collect`: the pinned consumer of every owner's commands, its
 //!   handler for the bus's consumer loop, and the bucket of pods collected.
+//! - [`collected`]: what it did to a pod, as its bucket keeps it for `tail` and `replay`.
 //! - `stats`: what it did.
 
+pub mod collected;
 pub mod pods;
 pub mod rule;
 pub mod service;

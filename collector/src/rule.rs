@@ -101,6 +101,8 @@ pub enum Look {
     Superseded {
         /// The superseded try's key.
         earlier: TaskKey,
+        /// The later try's pod, which runs.
+        by: PodRef,
     },
 }
 
@@ -126,6 +128,7 @@ pub fn looks(command: &Command) -> Vec<Look> {
                     try_number: task.try_number - 1,
                     ..task.clone()
                 },
+                by: pod(),
             }],
             _ => Vec::new(),
         },
@@ -144,6 +147,9 @@ pub enum Verdict {
         reason: Reason,
         /// A resourceVersion precondition too: the pod is live, and must be as judged.
         resource_version: Option<String>,
+        /// The pod that drives instead: the chosen one for a duplicate, the later try's for
+        /// a stale pod.
+        driver: Option<PodRef>,
     },
     /// Label it `airflow_executor_done=True` (`delete_worker_pods` is off).
     MarkDone {
@@ -226,7 +232,7 @@ pub fn judge(
             .iter()
             .map(|pod| loser(pod, record, age, settings))
             .collect(),
-        Look::Superseded { .. } => superseded(record, age, settings),
+        Look::Superseded { by, .. } => superseded(record, by, age, settings),
     }
 }
 
@@ -264,6 +270,7 @@ fn finished(
         pod: pod.clone(),
         reason: Reason::Finished,
         resource_version: None,
+        driver: None,
     }
 }
 
@@ -286,14 +293,20 @@ fn loser(pod: &PodRef, record: Option<&TaskRecord>, age: Duration, settings: &Se
     if candidate.terminating {
         return keep(Kept::Terminating);
     }
-    if chosen(record).is_some_and(|c| c.pod.uid == pod.uid) {
+    let driver = chosen(record).map(|c| c.pod.clone());
+    if driver.as_ref().is_some_and(|c| c.uid == pod.uid) {
         return keep(Kept::Drives);
     }
-    late(candidate, Reason::Duplicate, age, settings)
+    late(candidate, Reason::Duplicate, driver, age, settings)
 }
 
 /// The live pods of a try that a later try superseded: deleted once the grace period is over.
-fn superseded(record: Option<&TaskRecord>, age: Duration, settings: &Settings) -> Vec<Verdict> {
+fn superseded(
+    record: Option<&TaskRecord>,
+    by: &PodRef,
+    age: Duration,
+    settings: &Settings,
+) -> Vec<Verdict> {
     let Some(task) = record.and_then(|r| r.task.as_ref()) else {
         return Vec::new();
     };
@@ -307,7 +320,7 @@ fn superseded(record: Option<&TaskRecord>, age: Duration, settings: &Settings) -
                     why: Kept::Terminating,
                 }
             } else {
-                late(c, Reason::Stale, age, settings)
+                late(c, Reason::Stale, Some(by.clone()), age, settings)
             }
         })
         .collect()
@@ -315,7 +328,13 @@ fn superseded(record: Option<&TaskRecord>, age: Duration, settings: &Settings) -
 
 /// The verdict on a pod collected after the grace period: a live one only when live pods
 /// may be, and on its resourceVersion.
-fn late(candidate: &Candidate, reason: Reason, age: Duration, settings: &Settings) -> Verdict {
+fn late(
+    candidate: &Candidate,
+    reason: Reason,
+    driver: Option<PodRef>,
+    age: Duration,
+    settings: &Settings,
+) -> Verdict {
     let live = is_live(candidate.phase);
     if live && !settings.live_pods {
         return match reason {
@@ -346,6 +365,7 @@ fn late(candidate: &Candidate, reason: Reason, age: Duration, settings: &Setting
         pod: candidate.pod.clone(),
         reason,
         resource_version: live.then(|| candidate.resource_version.clone()),
+        driver,
     }
 }
 

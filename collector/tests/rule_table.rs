@@ -154,7 +154,7 @@ fn collection_table() {
             "duplicate",
             airflow_defaults(),
             seconds(60),
-            vec!["delete b duplicate"],
+            vec!["delete b duplicate for a"],
         ),
         (
             "a live loser is judged again until it ended, where a copy could win the order (no signed pods)",
@@ -176,7 +176,7 @@ fn collection_table() {
             "duplicate",
             settings(true, false, true),
             seconds(600),
-            vec!["delete a duplicate rv 1"],
+            vec!["delete a duplicate rv 1 for b"],
         ),
         (
             "a loser being deleted is left to that deletion",
@@ -196,7 +196,7 @@ fn collection_table() {
             "running",
             settings(true, false, true),
             seconds(600),
-            vec!["delete a stale rv 1"],
+            vec!["delete a stale rv 1 for c"],
         ),
         (
             "a stale pod waits out the grace period",
@@ -274,7 +274,7 @@ fn a_live_loser_is_collected_once_it_has_ended() {
             .created(5_000)
             .exited(1, "Error"),
     );
-    assert_eq!(judged(&world, 120), ["delete b duplicate"]);
+    assert_eq!(judged(&world, 120), ["delete b duplicate for a"]);
     assert!(
         world
             .commands
@@ -305,7 +305,7 @@ fn a_duplicate_command_judged_late_reads_the_record_as_it_is_now() {
             .map(line)
             .collect()
     };
-    assert_eq!(verdicts(&world), ["delete a duplicate rv 1"]);
+    assert_eq!(verdicts(&world), ["delete a duplicate rv 1 for b"]);
     // The chosen pod is deleted by someone; `a` drives from then on.
     world.see(&ev(Modified, Running, "b", 3).created(5_000).deleting());
     assert_eq!(verdicts(&world), ["keep a drives"]);

@@ -783,6 +783,21 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
     let admin = client(plane.admin_kubeconfig()).await;
     let pods: Api<Pod> = Api::namespaced(admin, &namespace);
 
+    // `tail` prints each pod collected as it happens.
+    let mut tail = std::process::Command::new(podstream_tests::podstream_binary())
+        .args(["tail", "--json", "--nats", &nats.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let tailed = tail.stdout.take().unwrap();
+    let tailed = std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(tailed)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
     let ingest = start_ingest(plane, &namespace, &nats.url()).await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until = || {
@@ -917,6 +932,58 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
     let stats = collector.await.unwrap().unwrap();
     processor.await.unwrap().unwrap();
     ingest.stop().await;
+
+    // What `replay` and `tail` show of the collector: each pod once, with why.
+    let replayed = std::process::Command::new(podstream_tests::podstream_binary())
+        .args([
+            "replay",
+            "--since",
+            "seq:1",
+            "--json",
+            "--nats",
+            &nats.url(),
+        ])
+        .output()
+        .unwrap();
+    assert!(replayed.status.success(), "{replayed:?}");
+    let _ = tail.kill();
+    let _ = tail.wait();
+    let tailed = tailed.join().unwrap();
+    let expected = [
+        ("ends-well", "finished", ""),
+        ("ends-badly", "finished", ""),
+        ("twin-b", "duplicate", "twin-a"),
+        ("twin-a", "finished", ""),
+        ("stale-1", "stale", "stale-2"),
+    ];
+    for (what, lines) in [
+        (
+            "replay",
+            String::from_utf8_lossy(&replayed.stdout).into_owned(),
+        ),
+        ("tail", tailed.join("\n")),
+    ] {
+        let mut collected: Vec<(String, String, String)> = lines
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["stream"] == "collected")
+            .map(|line| {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                (
+                    text(&line["pod"]["name"]),
+                    text(&line["reason"]),
+                    text(&line["driver"]["name"]),
+                )
+            })
+            .collect();
+        collected.sort();
+        let mut wanted: Vec<(String, String, String)> = expected
+            .iter()
+            .map(|(p, r, d)| ((*p).to_owned(), (*r).to_owned(), (*d).to_owned()))
+            .collect();
+        wanted.sort();
+        assert_eq!(collected, wanted, "{what} shows each pod collected once");
+    }
 
     let deletes = deletes_by(plane, &namespace);
     let once = [200u16];

@@ -1,6 +1,7 @@
-//! How a pod event or a command is printed, as text for people or JSON for `jq`: shared by
-//! `tail` and `replay`.
+//! How a pod event, a command or a pod the collector collected is printed, as text for people
+//! or JSON for `jq`: shared by `tail` and `replay`.
 
+use podstream_collector::collected::Collected;
 use podstream_proto::line::CommandLine;
 use podstream_proto::subject::{Stream, Subjects};
 use podstream_proto::v1::EventType;
@@ -22,6 +23,12 @@ pub fn describe(
         .map(|(owner, _)| owner)
         .unwrap_or_default();
     let role = role.unwrap_or("event");
+    if subject.starts_with(COLLECTED_SUBJECTS) {
+        return match Collected::decode(payload) {
+            Ok(collected) => collected_line(&collected, subject, as_json),
+            Err(error) => undecodable(subject, &error.to_string(), as_json),
+        };
+    }
     if subjects.stream_of(subject) == Some(Stream::PodEvents) {
         match PodEvent::decode(payload) {
             Ok(event) => pod_line(&event, subject, &subject_owner, role, as_json),
@@ -124,6 +131,34 @@ pub fn command_line(command: &Command, subject: &str, as_json: bool) -> String {
     printable(format!(
         "cmd  {:<8} {}/{} owner={} ti={ti}{reason}{to}",
         line.kind, pod.namespace, pod.name, command.owner
+    ))
+}
+
+/// The start of the subjects of a KV bucket's entries: the collector's bucket of pods
+/// collected is the one `tail` and `replay` read.
+const COLLECTED_SUBJECTS: &str = "$KV.";
+
+/// A pod the collector deleted or labelled done, as a line of text or JSON.
+pub fn collected_line(collected: &Collected, subject: &str, as_json: bool) -> String {
+    if as_json {
+        let mut value = serde_json::to_value(collected).unwrap_or_default();
+        value["stream"] = json!("collected");
+        value["subject"] = json!(subject);
+        return value.to_string();
+    }
+    let driver = collected
+        .driver
+        .as_ref()
+        .map(|d| format!(" drives={}/{}", d.namespace, d.name))
+        .unwrap_or_default();
+    printable(format!(
+        "del  {:<8} {}/{} {} ({}) ti={}{driver}",
+        collected.reason,
+        collected.pod.namespace,
+        collected.pod.name,
+        collected.action,
+        collected.answer,
+        collected.ti
     ))
 }
 

@@ -9,6 +9,7 @@ use anyhow::Context;
 use async_nats::jetstream;
 use clap::Args;
 use podstream_bus::history::{self, Start};
+use podstream_collector::collected::Collected;
 use podstream_processor::{MemoryStore, Processor};
 use podstream_proto::subject::{ROLE_HEADER, Role, Stream, Subjects};
 use podstream_proto::{Command, PodEvent, TaskKey};
@@ -308,6 +309,11 @@ impl Entry {
                 Ok(event) => timeline.pod_event(at, self.sequence, &event),
                 Err(_) => timeline.unreadable(at, self.stream, self.sequence),
             }
+        } else if self.stream == "collected" {
+            match Collected::decode(self.payload.as_ref()) {
+                Ok(collected) => timeline.collected(at, &collected),
+                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
+            }
         } else if self.role.as_deref() != Some(Role::Left.as_str()) {
             match Command::decode(self.payload.as_ref()) {
                 Ok(command) => timeline.command(at, self.sequence, &command),
@@ -317,13 +323,12 @@ impl Entry {
     }
 }
 
-/// Both streams read at once and merged in time order as they arrive (pod events before
-/// the commands of the same instant: a command follows its event).
+/// The streams read at once and merged in time order as they arrive: pod events, then
+/// commands, then the pods the collector collected (at the same instant, a command follows
+/// its event, and a deletion its command).
 struct History {
-    pods: Reader,
-    commands: Reader,
-    next_pod: Option<Entry>,
-    next_command: Option<Entry>,
+    /// Each stream's reader and its next message, in that order.
+    readers: Vec<(Reader, Option<Entry>)>,
 }
 
 impl History {
@@ -335,56 +340,67 @@ impl History {
         until: Option<Position>,
     ) -> anyhow::Result<History> {
         let pods_name = subjects.stream_name(Stream::PodEvents);
-        let commands_name = subjects.stream_name(Stream::Commands);
         let pods_start = start_policy(js, &pods_name, since).await?;
         let since_time = match (since, &pods_start) {
             (Position::Time(time), _) => time,
             (Position::Sequence(_), Some((_, time))) => *time,
             (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
         };
-        let mut pods = match pods_start {
+        let pods = match pods_start {
             Some((start, _)) => Reader::open(js, &pods_name, "pods", start, until).await?,
             None => Reader::Empty,
         };
-        let mut commands = Reader::open(
+        // A pod-event sequence says nothing about the other streams' sequences: they stop at
+        // its time.
+        let until_time = until.map(|u| match u {
+            Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
+            time => time,
+        });
+        let commands_name = subjects.stream_name(Stream::Commands);
+        let commands = Reader::open(
             js,
             &commands_name,
             "commands",
             Start::Time(since_time),
-            until.map(|u| match u {
-                // A pod-event sequence says nothing about command sequences: stop at its time.
-                Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
-                time => time,
-            }),
+            until_time,
         )
         .await?;
-        let (next_pod, next_command) = (pods.next().await?, commands.next().await?);
-        Ok(History {
-            pods,
-            commands,
-            next_pod,
-            next_command,
-        })
+        let collected_name = podstream_bus::streams::bucket_stream(
+            &subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
+        );
+        let collected = Reader::open(
+            js,
+            &collected_name,
+            "collected",
+            Start::Time(since_time),
+            until_time,
+        )
+        .await?;
+        let mut readers = Vec::new();
+        for mut reader in [pods, commands, collected] {
+            let next = reader.next().await?;
+            readers.push((reader, next));
+        }
+        Ok(History { readers })
     }
 
-    /// The next message of either stream, or `None` at the end of both.
+    /// The next message of any stream, or `None` at the end of all.
     async fn next(&mut self) -> anyhow::Result<Option<Entry>> {
-        let pod_first = match (&self.next_pod, &self.next_command) {
-            (Some(pod), Some(command)) => (pod.time, pod.sequence) <= (command.time, u64::MAX),
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => return Ok(None),
+        let first = (self.readers.iter().enumerate())
+            .filter_map(|(at, (_, next))| next.as_ref().map(|entry| (entry.time, at)))
+            .min();
+        let Some((_, at)) = first else {
+            return Ok(None);
         };
-        Ok(if pod_first {
-            std::mem::replace(&mut self.next_pod, self.pods.next().await?)
-        } else {
-            std::mem::replace(&mut self.next_command, self.commands.next().await?)
-        })
+        let (reader, next) = &mut self.readers[at];
+        let following = reader.next().await?;
+        Ok(std::mem::replace(next, following))
     }
 
     fn finish(&self) {
-        self.pods.finish();
-        self.commands.finish();
+        for (reader, _) in &self.readers {
+            reader.finish();
+        }
     }
 }
 
@@ -519,6 +535,10 @@ fn identify(payload: &[u8], stream: &str) -> (Option<TaskKey>, Option<String>) {
     if stream == "pods" {
         PodEvent::decode(payload)
             .map(|e| (e.task, e.pod.map(|p| p.name)))
+            .unwrap_or_default()
+    } else if stream == "collected" {
+        Collected::decode(payload)
+            .map(|c| (Some(c.ti), Some(c.pod.name)))
             .unwrap_or_default()
     } else {
         Command::decode(payload)

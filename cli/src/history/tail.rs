@@ -1,4 +1,5 @@
-//! `podstream tail`: pod events and commands as they happen, for people or for `jq`.
+//! `podstream tail`: pod events, commands and the pods the collector collected, as they
+//! happen, for people or for `jq`.
 
 use crate::args::stream::{NatsArgs, PrefixArgs};
 use anyhow::Context;
@@ -46,13 +47,23 @@ pub fn run(args: &TailArgs) -> anyhow::Result<()> {
             .subscribe(subjects.commands_filter(scheduler))
             .await
             .context("subscribing to commands")?;
+        // The pods the collector collected: its bucket's entries (all schedulers').
+        let collected_subjects = format!(
+            "$KV.{}.>",
+            subjects.resource_name(podstream_collector::service::BUCKET_ROLE)
+        );
+        let collected = client
+            .subscribe(collected_subjects.clone())
+            .await
+            .context("subscribing to the pods collected")?;
         client.flush().await.context("subscribing")?;
         eprintln!(
-            "tailing {} and {}",
+            "tailing {}, {} and {collected_subjects}",
             subjects.pod_events_filter(scheduler),
             subjects.commands_filter(scheduler)
         );
-        let mut messages = futures::stream::select(pods, commands);
+        let mut messages =
+            futures::stream::select(futures::stream::select(pods, commands), collected);
         let shutdown = crate::signal::shutdown_signal();
         tokio::pin!(shutdown);
         loop {

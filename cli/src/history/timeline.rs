@@ -95,6 +95,9 @@ pub struct PodBar {
     pub owners: Vec<(i64, String)>,
     /// When the pod was gone (its `DELETED` event), if within the history.
     pub gone: Option<i64>,
+    /// When the collector deleted it or labelled it done, and why (`finished`, `duplicate`,
+    /// `stale`).
+    pub collected: Option<(i64, String)>,
 }
 
 impl PodBar {
@@ -229,6 +232,7 @@ impl Timeline {
                     spans: Vec::new(),
                     owners: Vec::new(),
                     gone: None,
+                    collected: None,
                 });
                 lane.unseen.retain(|name| *name != pod.name);
                 lane.pods.len() - 1
@@ -301,6 +305,17 @@ impl Timeline {
             facts: format!("{}, commands#{sequence}", describe(command)),
             today: None,
         });
+    }
+
+    /// The collector deleted (or labelled done) a pod at `at`: marked on its bar.
+    pub fn collected(&mut self, at: i64, collected: &podstream_collector::collected::Collected) {
+        self.seen(at);
+        let Some(lane) = self.lane(collected.ti.to_string()) else {
+            return;
+        };
+        if let Some(bar) = lane.pods.iter_mut().find(|p| p.uid == collected.pod.uid) {
+            bar.collected = Some((at, format!("{} ({})", collected.action, collected.reason)));
+        }
     }
 
     /// With `--decide`: a command decided then (`then`) and what today's rules decide

@@ -265,6 +265,19 @@ fn render_bar(page: &mut String, bar: &PodBar, role: &str, y: f64, scale: &Scale
             escape(owner)
         );
     }
+    if let Some((at, what)) = &bar.collected {
+        let x = scale.x(*at);
+        let facts = format!("{}: {what} by the collector at {}", bar.name, utc(*at));
+        let _ = write!(
+            page,
+            "<g class=\"collected\" tabindex=\"0\" role=\"img\" data-facts=\"\">\
+             <title>{}</title><text x=\"{:.1}\" y=\"{:.1}\">✕ {}</text></g>",
+            escape(&facts),
+            x + 2.0,
+            y + 13.0,
+            escape(what)
+        );
+    }
     if !bar.ended() {
         let x = scale.x(scale.end);
         let _ = write!(
@@ -328,7 +341,7 @@ h1{font-size:18px}h2{font-size:16px;margin-top:24px}svg{display:block}text{fill:
 .succeeded{fill:var(--succeeded);background:var(--succeeded)}.failed{fill:var(--failed);background:var(--failed)}\
 .terminating{fill:var(--terminating);background:var(--terminating)}.unknown{fill:var(--unknown);background:var(--unknown)}\
 .swatch.owner{background:var(--owner)}.swatch.command{background:var(--command)}.swatch.today{background:var(--today)}\
-.owner line{stroke:var(--owner);stroke-width:3}.owner text{fill:var(--owner);font-weight:600}\
+.owner line{stroke:var(--owner);stroke-width:3}.owner text{fill:var(--owner);font-weight:600}.collected text{fill:var(--owner);font-style:italic}\
 .command path{fill:var(--command)}.command.differs path{fill:var(--today)}\
 .loser .span{opacity:.45}.driver text{font-weight:600}\
 .gap{fill:var(--muted);font-style:italic}\

@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::CollectConfig;
 use super::start::Started;
+use crate::collected::{self, Collected};
 use crate::pods::{self, Answer};
 use crate::rule::{self, Look, Reason, Settings, Verdict};
 use crate::stats::CollectStats;
@@ -143,6 +144,15 @@ impl Action {
     }
 }
 
+/// The pod a call is about, and why.
+struct What<'a> {
+    pod: &'a PodRef,
+    task: &'a TaskKey,
+    reason: Reason,
+    action: Action,
+    driver: Option<&'a PodRef>,
+}
+
 /// What became of one pod.
 enum Acted {
     /// Done with it (collected now or before, or left alone).
@@ -159,7 +169,7 @@ impl Collector {
         let mut again: Option<Duration> = None;
         for look in rule::looks(&command) {
             let task = match &look {
-                Look::Superseded { earlier } => earlier,
+                Look::Superseded { earlier, .. } => earlier,
                 Look::Finished { .. } | Look::Losers { .. } => match &command.task {
                     Some(task) => task,
                     None => continue,
@@ -224,42 +234,54 @@ impl Collector {
             Verdict::Delete {
                 reason,
                 resource_version,
+                driver,
                 ..
             } => {
-                self.once(pod, task, *reason, Action::Deleted, stats, || {
+                let what = What {
+                    pod,
+                    task,
+                    reason: *reason,
+                    action: Action::Deleted,
+                    driver: driver.as_ref(),
+                };
+                self.once(what, stats, || {
                     pods::delete(&self.kube, pod, resource_version.as_deref())
                 })
                 .await
             }
             Verdict::MarkDone { .. } => {
-                self.once(
+                let what = What {
                     pod,
                     task,
-                    Reason::Finished,
-                    Action::LabelledDone,
-                    stats,
-                    || pods::mark_done(&self.kube, pod),
-                )
-                .await
+                    reason: Reason::Finished,
+                    action: Action::LabelledDone,
+                    driver: None,
+                };
+                self.once(what, stats, || pods::mark_done(&self.kube, pod))
+                    .await
             }
         }
     }
 
-    /// Makes `call` on `pod` unless it was made before (the bucket) or is being made now;
+    /// Makes `call` on the pod unless it was made before (the bucket) or is being made now;
     /// records it once the API server answered.
     async fn once<F>(
         &self,
-        pod: &PodRef,
-        task: &TaskKey,
-        reason: Reason,
-        action: Action,
+        what: What<'_>,
         stats: &mut CollectStats,
         call: impl FnOnce() -> F,
     ) -> Acted
     where
         F: Future<Output = Result<Answer, pods::CallError>>,
     {
-        let Some(key) = collected_key(&pod.uid) else {
+        let What {
+            pod,
+            task,
+            reason,
+            action,
+            driver,
+        } = what;
+        let Some(key) = collected::key(&pod.uid) else {
             warn!(pod = %pod, uid = %pod.uid, "a pod uid no KV key can hold; left alone");
             return Acted::Done;
         };
@@ -283,19 +305,33 @@ impl Collector {
                 return Acted::Again(AGAIN_AFTER);
             }
         };
-        if answer == Answer::Changed {
-            debug!(pod = %pod, uid = %pod.uid, "the pod changed since it was judged; judging again");
-            return Acted::Again(AGAIN_AFTER);
-        }
-        if answer == Answer::Done {
-            metrics::counter!(podstream_bus::metrics::COLLECTOR_PODS, "reason" => reason.as_str(), "action" => action.as_str()).increment(1);
-        }
+        let answered = match answer {
+            Answer::Changed => {
+                debug!(pod = %pod, uid = %pod.uid, "the pod changed since it was judged; judging again");
+                return Acted::Again(AGAIN_AFTER);
+            }
+            Answer::Done => {
+                metrics::counter!(podstream_bus::metrics::COLLECTOR_PODS, "reason" => reason.as_str(), "action" => action.as_str()).increment(1);
+                "done"
+            }
+            Answer::Gone => "gone",
+            Answer::Replaced => "replaced",
+        };
         match action {
             Action::Deleted => stats.deleted += 1,
             Action::LabelledDone => stats.labelled_done += 1,
         }
-        info!(pod = %pod, uid = %pod.uid, ti = %task, reason = reason.as_str(), action = action.as_str(), answer = ?answer, "pod collected");
-        if let Err(error) = self.collected.put(&key, reason.as_str().into()).await {
+        let driving = driver.map(ToString::to_string).unwrap_or_default();
+        info!(pod = %pod, uid = %pod.uid, ti = %task, reason = reason.as_str(), action = action.as_str(), answer = answered, driver = %driving, "pod collected");
+        let record = Collected {
+            pod: pod.clone(),
+            ti: task.clone(),
+            reason: reason.as_str().to_owned(),
+            action: action.as_str().to_owned(),
+            answer: answered.to_owned(),
+            driver: driver.cloned(),
+        };
+        if let Err(error) = self.collected.put(&key, record.encode().into()).await {
             // The API answered: a second call later finds the pod gone, which is harmless.
             warn!(%error, pod = %pod, "recording the pod collected failed");
         }
@@ -325,13 +361,4 @@ fn age(message: &async_nats::jetstream::Message) -> Duration {
         .map(|info| time::OffsetDateTime::now_utc() - info.published)
         .and_then(|age| Duration::try_from(age).ok())
         .unwrap_or_default()
-}
-
-/// The key of a pod collected: `pod.<uid>`, when the uid fits a KV key.
-fn collected_key(uid: &str) -> Option<String> {
-    let fits = !uid.is_empty()
-        && uid
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    fits.then(|| format!("pod.{uid}"))
 }

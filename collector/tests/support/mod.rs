@@ -49,7 +49,7 @@ impl World {
             .iter()
             .flat_map(|look| {
                 let task = match look {
-                    rule::Look::Superseded { earlier } => earlier,
+                    rule::Look::Superseded { earlier, .. } => earlier,
                     _ => command.task.as_ref().unwrap(),
                 };
                 rule::judge(look, self.record(task), age, settings)
@@ -75,11 +75,19 @@ pub fn line(verdict: &Verdict) -> String {
         Verdict::Delete {
             reason,
             resource_version,
+            driver,
             ..
-        } => match resource_version {
-            Some(rv) => format!("delete {pod} {} rv {rv}", reason.as_str()),
-            None => format!("delete {pod} {}", reason.as_str()),
-        },
+        } => {
+            let rv = resource_version
+                .as_ref()
+                .map(|rv| format!(" rv {rv}"))
+                .unwrap_or_default();
+            let driver = driver
+                .as_ref()
+                .map(|d| format!(" for {}", d.name))
+                .unwrap_or_default();
+            format!("delete {pod} {}{rv}{driver}", reason.as_str())
+        }
         Verdict::MarkDone { .. } => format!("label {pod}"),
         Verdict::Wait { reason, left, .. } => {
             format!("wait {pod} {} {}s", reason.as_str(), left.as_secs())
