@@ -46,6 +46,12 @@ fn demo_plays_every_story_and_exits_0() {
         stdout.contains("fail: deleted_while_running (broken-1)"),
         "{stdout}"
     );
+    // Seed 003's losing pod is collected after the grace period; the driving one is not.
+    assert!(
+        stdout.contains("collector:     deleted twins-2 (duplicate; twins-1 drives)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("deleted twins-1"), "{stdout}");
     assert!(!stdout.contains("WRONG"), "{stdout}");
     // The label-watcher lines are what the installed providers' own watcher reported for the
     // events each story produced, for every Airflow that scripts/setup.sh installs.

@@ -1,7 +1,8 @@
 //! `podstream demo`: the newcomer's first run. Everything embedded: the Kubernetes simulator,
 //! a local `nats-server`, a copy of an Airflow 2.10 SQLite DB made by `airflow db migrate`, and
 //! the pipeline in process. It plays the three seed stories plus a real failure and a success,
-//! then reports, per task, its pods, podstream's commands and the TI row, next to what
+//! then reports, per task, its pods, podstream's commands, the pods its collector deleted and
+//! the TI row, next to what
 //! Airflow's own label-scoped watcher reports for the same events (run from each installed
 //! Airflow venv, see `demo_watcher.rs`). Exit 0 only if every story ended as docs/semantics.md says.
 
@@ -15,6 +16,9 @@ use async_nats::jetstream;
 use clap::Args;
 use podstream_bus::BusConfig;
 use podstream_bus::local_server::{LocalServer, find_binary, free_port};
+use podstream_collector::collected::Collected;
+use podstream_collector::rule::Settings;
+use podstream_collector::service::CollectConfig;
 use podstream_ingest::service::IngestConfig;
 use podstream_processor::service::ProcessConfig;
 use podstream_proto::subject::{Stream, Subjects};
@@ -88,6 +92,8 @@ struct Story {
     expected: (&'static str, i64),
     /// The kinds of the commands podstream must decide, in order.
     decisions: &'static [&'static str],
+    /// The pods the collector must delete, and why.
+    collected: &'static [(&'static str, &'static str)],
 }
 
 const STORIES: &[Story] = &[
@@ -99,6 +105,7 @@ const STORIES: &[Story] = &[
         scheduler_note: None,
         expected: ("running", 2),
         decisions: &["running", "transfer"],
+        collected: &[],
     },
     Story {
         title: "scheduler restart with running pods (seed: reset as orphaned)",
@@ -110,17 +117,19 @@ const STORIES: &[Story] = &[
         ),
         expected: ("running", 3),
         decisions: &["running", "transfer", "completed"],
+        collected: &[("survivor-1", "finished")],
     },
     Story {
         title: "two driver pods for one task (seed: reattachment fails)",
         task_id: "twins",
         max_tries: 1,
-        pods: "older pod Running; a newer pod for the same TI starts, then fails",
+        pods: "older pod Running; a newer pod for the same TI starts, then fails; it is collected after the grace period",
         scheduler_note: Some(
             "the watcher reports the newer pod's failure for the TI; Airflow 2.x's scheduler ignores it for a running task, Airflow 3.x's fails the live try and retries it (docs/stock-airflow.md, story d)",
         ),
         expected: ("running", 1),
         decisions: &["running", "duplicate"],
+        collected: &[("twins-2", "duplicate")],
     },
     Story {
         title: "a real failure: running pod deleted",
@@ -130,6 +139,7 @@ const STORIES: &[Story] = &[
         scheduler_note: None,
         expected: ("up_for_retry", 1),
         decisions: &["running", "fail"],
+        collected: &[],
     },
     Story {
         title: "a success",
@@ -139,6 +149,7 @@ const STORIES: &[Story] = &[
         scheduler_note: None,
         expected: ("running", 1),
         decisions: &["running", "completed"],
+        collected: &[("fine-1", "finished")],
     },
 ];
 
@@ -229,19 +240,20 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
     let js = jetstream::new(client);
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     let mut idle_polls = 0;
-    let (rows, commands) = loop {
+    let (rows, commands, collected) = loop {
         let rows = read_rows(&db).await?;
         let commands = read_commands(&js, &subjects).await?;
+        let collected = read_collected(&js, &subjects).await?;
         let done = STORIES
             .iter()
-            .all(|s| ends_right(s, rows.get(s.task_id), &commands));
+            .all(|s| ends_right(s, rows.get(s.task_id), &commands, &collected));
         idle_polls = if done && idle(&js, &subjects, &settings).await {
             idle_polls + 1
         } else {
             0
         };
         if idle_polls >= 2 || Instant::now() > deadline {
-            break (rows, commands);
+            break (rows, commands, collected);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
@@ -257,15 +269,17 @@ async fn play(args: &DemoArgs, db_path: &Path, nats_url: &str) -> anyhow::Result
             file.display()
         );
     }
-    let watchers = airflow_watchers(args, sim.cluster()).await;
+    let collected_uids = collected.iter().map(|c| c.pod.uid.clone()).collect();
+    let watchers = airflow_watchers(args, sim.cluster(), &collected_uids).await;
     sim.shutdown().await;
-    Ok(report(&rows, &commands, &watchers))
+    Ok(report(&rows, &commands, &collected, &watchers))
 }
 
 /// What each Airflow venv's own watcher reported, or why it could not be asked.
 async fn airflow_watchers(
     args: &DemoArgs,
     cluster: &Cluster,
+    collected: &std::collections::BTreeSet<String>,
 ) -> Vec<Result<WatcherReport, String>> {
     let venvs = if args.airflow_venv.is_empty() {
         demo_watcher::installed_venvs()
@@ -277,7 +291,7 @@ async fn airflow_watchers(
             "no Airflow venv found (scripts/setup.sh installs them; or --airflow-venv DIR)".into(),
         )];
     }
-    let lines = match demo_watcher::watch_lines(cluster) {
+    let lines = match demo_watcher::watch_lines(cluster, collected) {
         Ok(lines) => lines,
         Err(error) => return vec![Err(format!("{error:#}"))],
     };
@@ -298,9 +312,19 @@ fn config(nats_url: &str) -> PipelineConfig {
         },
         process: ProcessConfig::default(),
         sink: SinkConfig::default(),
-        collect: None,
+        // Airflow's own pod settings, with a grace period a newcomer waits out.
+        collect: Some(CollectConfig {
+            settings: Settings {
+                grace: COLLECT_GRACE,
+                ..Settings::default()
+            },
+            ..CollectConfig::default()
+        }),
     }
 }
+
+/// How long the demo's collector leaves a losing duplicate.
+const COLLECT_GRACE: Duration = Duration::from_secs(2);
 
 async fn kube_client(sim: &Server) -> anyhow::Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&sim.kubeconfig())?;
@@ -347,11 +371,49 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ends_right(story: &Story, row: Option<&TiRow>, commands: &[Command]) -> bool {
+fn ends_right(
+    story: &Story,
+    row: Option<&TiRow>,
+    commands: &[Command],
+    collected: &[Collected],
+) -> bool {
     let row_right = row.is_some_and(|row| {
         row.state == story.expected.0 && row.queued_by_job_id == Some(story.expected.1)
     });
-    row_right && decided(story, commands).eq(story.decisions.iter().copied())
+    let mut deleted: Vec<(&str, &str)> = story_collected(story, collected)
+        .map(|c| (c.pod.name.as_str(), c.reason.as_str()))
+        .collect();
+    deleted.sort_unstable();
+    row_right
+        && decided(story, commands).eq(story.decisions.iter().copied())
+        && deleted == story.collected
+}
+
+/// The pods of the story's task the collector collected.
+fn story_collected<'a>(
+    story: &'a Story,
+    collected: &'a [Collected],
+) -> impl Iterator<Item = &'a Collected> + 'a {
+    collected.iter().filter(|c| c.ti.task_id == story.task_id)
+}
+
+/// Every pod the collector collected so far, from its bucket.
+async fn read_collected(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+) -> anyhow::Result<Vec<Collected>> {
+    let bucket = subjects.resource_name(podstream_collector::service::BUCKET_ROLE);
+    let Ok(store) = js.get_key_value(&bucket).await else {
+        return Ok(Vec::new());
+    };
+    let mut keys = store.keys().await?;
+    let mut collected = Vec::new();
+    while let Some(key) = futures::StreamExt::next(&mut keys).await {
+        if let Some(value) = store.get(key?).await? {
+            collected.push(Collected::decode(&value)?);
+        }
+    }
+    Ok(collected)
 }
 
 /// The kinds of the commands decided for the story's task, in order.
@@ -462,6 +524,7 @@ fn describe(command: &Command) -> String {
 fn report(
     rows: &BTreeMap<&'static str, TiRow>,
     commands: &[Command],
+    collected: &[Collected],
     watchers: &[Result<WatcherReport, String>],
 ) -> bool {
     let mut all = true;
@@ -472,7 +535,7 @@ fn report(
     for (n, story) in STORIES.iter().enumerate() {
         let decided: Vec<String> = story_commands(story, commands).map(describe).collect();
         let row = rows.get(story.task_id);
-        let right = ends_right(story, row, commands);
+        let right = ends_right(story, row, commands, collected);
         all &= right;
         let now = row.map_or("missing".to_owned(), |r| {
             format!(
@@ -484,12 +547,30 @@ fn report(
         println!("{}. {} [{}.{}]", n + 1, story.title, DAG, story.task_id);
         println!("   pods:          {}", story.pods);
         println!("   podstream:     {}", decided.join("; "));
+        let deleted: Vec<String> = story_collected(story, collected)
+            .map(|c| match &c.driver {
+                Some(driver) => format!(
+                    "{} {} ({}; {} drives)",
+                    c.action, c.pod.name, c.reason, driver.name
+                ),
+                None => format!("{} {} ({})", c.action, c.pod.name, c.reason),
+            })
+            .collect();
+        if !deleted.is_empty() {
+            println!("   collector:     {}", deleted.join("; "));
+        }
         println!(
-            "   TI now:        {now}  {} (expected {}, queued_by_job_id {}; decisions {})",
+            "   TI now:        {now}  {} (expected {}, queued_by_job_id {}; decisions {}{})",
             if right { "OK" } else { "WRONG" },
             story.expected.0,
             story.expected.1,
-            story.decisions.join(", ")
+            story.decisions.join(", "),
+            if story.collected.is_empty() {
+                String::new()
+            } else {
+                let pods: Vec<&str> = story.collected.iter().map(|(pod, _)| *pod).collect();
+                format!("; collected {}", pods.join(", "))
+            }
         );
         for watcher in watchers {
             match watcher {

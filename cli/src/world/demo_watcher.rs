@@ -11,7 +11,7 @@ use std::process::Stdio;
 use anyhow::Context;
 use podstream_sim::Cluster;
 use podstream_sim::selector::{Filter, LabelSelector};
-use podstream_sim::store::Event;
+use podstream_sim::store::{Change, Event};
 use podstream_sim::watch::event_type;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -72,7 +72,7 @@ pub fn installed_venvs() -> Vec<PathBuf> {
 /// Each story's pod changes as every scheduler's label-scoped watch received them, as the
 /// script's input lines. A story is the `task_id` annotation of its pods; its schedulers are
 /// every `airflow-worker` value its pods carried.
-pub fn watch_lines(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
+pub fn watch_lines(cluster: &Cluster, collected: &BTreeSet<String>) -> anyhow::Result<Vec<Value>> {
     let events = cluster
         .events_after(0, usize::MAX)
         .context("reading the simulator's change log")?;
@@ -80,6 +80,13 @@ pub fn watch_lines(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
         .iter()
         .filter(|e| e.object.key.resource == podstream_sim::Resource::Pods)
         .filter_map(|e| e.object.value().ok().map(|v| (e, v)))
+        // The collector's deletions are podstream's cleanup after a story, not the story.
+        .filter(|(e, pod)| {
+            !(e.change == Change::Deleted
+                && pod["metadata"]["uid"]
+                    .as_str()
+                    .is_some_and(|uid| collected.contains(uid)))
+        })
         .collect();
     let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (event, pod) in &pod_events {
