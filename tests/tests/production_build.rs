@@ -14,8 +14,9 @@ use podstream_tests::podstream_binary;
 const PRODUCTION_BIN: &str = "PODSTREAM_PRODUCTION_BIN";
 
 /// The commands every build has.
-const PRODUCTION_COMMANDS: [&str; 10] = [
-    "decide", "ingest", "process", "apply", "sink", "replay", "run", "tail", "check", "help",
+const PRODUCTION_COMMANDS: [&str; 11] = [
+    "decide", "ingest", "process", "apply", "sink", "collect", "replay", "run", "tail", "check",
+    "help",
 ];
 
 /// The commands only the test world has.
