@@ -853,15 +853,12 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
         let pods = pods.clone();
         async move { pods.get_opt(name).await.unwrap().is_none() }
     };
-    let wait_until_gone = |names: &'static [&'static str]| {
-        let gone = gone.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(90);
-            for name in names {
-                while !gone(name).await {
-                    assert!(Instant::now() < deadline, "{name} was never deleted");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+    let wait_until_gone = |names: &'static [&'static str]| async move {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        for name in names {
+            while !gone(name).await {
+                assert!(Instant::now() < deadline, "{name} was never deleted");
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     };
