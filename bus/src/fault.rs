@@ -46,6 +46,17 @@ impl Classified for crate::start::StartError {
     }
 }
 
+impl Classified for crate::start::StageError {
+    fn fault(&self) -> Fault {
+        use crate::start::StageError;
+        match self {
+            StageError::Bus(error) => error.fault(),
+            StageError::Bucket { source, .. } => source.fault(),
+            StageError::Stream { .. } | StageError::Bind(_) => Fault::Other,
+        }
+    }
+}
+
 impl Classified for crate::streams::StreamError {
     fn fault(&self) -> Fault {
         use crate::streams::StreamError;

@@ -49,5 +49,5 @@ pub use config::StreamSettings;
 pub use connect::{NatsCredentials, NatsSecurity, NatsTls, connect};
 pub use health::{Condition, Health};
 pub use in_flight::{Held, InFlight, Inbox};
-pub use start::{OnTheBus, StartError, start};
+pub use start::{OnTheBus, StageError, StartError, start};
 pub use streams::StreamError;

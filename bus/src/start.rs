@@ -23,6 +23,36 @@ pub enum StartError {
     Stream(#[source] StreamError),
 }
 
+/// Why a stage that pulls pinned consumers and keeps KV buckets (the processor, the collector)
+/// did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// Connecting to NATS or making the streams ready failed.
+    #[error("starting on the bus")]
+    Bus(#[from] StartError),
+    /// A KV bucket could not be opened or created.
+    #[error("opening KV bucket {bucket}")]
+    Bucket {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        #[source]
+        source: StreamError,
+    },
+    /// A stream made ready could not be opened.
+    #[error("opening the {stream} stream")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// Why.
+        #[source]
+        source: jetstream::context::GetStreamError,
+    },
+    /// A pinned consumer could not be created or updated.
+    #[error(transparent)]
+    Bind(#[from] crate::pinned::BindError),
+}
+
 /// A component on the bus: JetStream, its subjects, and the streams it asked for as the
 /// server holds them, in the order asked.
 pub struct OnTheBus {

@@ -58,8 +58,7 @@ fn fault_of(cause: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     }
     said::<crate::check::ChecksFailed>(cause)
         .or_else(|| said::<podstream_sink::service::SinkError>(cause))
-        .or_else(|| said::<podstream_processor::service::ProcessError>(cause))
-        .or_else(|| said::<podstream_collector::service::CollectError>(cause))
+        .or_else(|| said::<podstream_bus::StageError>(cause))
         .or_else(|| said::<podstream_ingest::service::IngestError>(cause))
         .or_else(|| said::<podstream_ingest::service::KubeClientError>(cause))
         .or_else(|| said::<DbError>(cause))

@@ -84,45 +84,7 @@ impl Default for CollectConfig {
 }
 
 /// Why the collector did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum CollectError {
-    /// Connecting to NATS or making the streams ready failed.
-    #[error("starting on the bus")]
-    Bus(#[from] podstream_bus::StartError),
-    /// A KV bucket could not be opened or created.
-    #[error("opening KV bucket {bucket}")]
-    Bucket {
-        /// The bucket.
-        bucket: String,
-        /// Why.
-        #[source]
-        source: podstream_bus::StreamError,
-    },
-    /// The commands stream could not be opened.
-    #[error("opening the {stream} stream")]
-    Stream {
-        /// The stream.
-        stream: String,
-        /// Why.
-        #[source]
-        source: async_nats::jetstream::context::GetStreamError,
-    },
-    /// The pinned consumer could not be created or updated.
-    #[error(transparent)]
-    Bind(#[from] podstream_bus::pinned::BindError),
-}
-
-impl podstream_bus::fault::Classified for CollectError {
-    fn fault(&self) -> podstream_bus::fault::Fault {
-        match self {
-            CollectError::Bus(error) => error.fault(),
-            CollectError::Bucket { source, .. } => source.fault(),
-            CollectError::Stream { .. } | CollectError::Bind(_) => {
-                podstream_bus::fault::Fault::Other
-            }
-        }
-    }
-}
+pub type CollectError = podstream_bus::StageError;
 
 /// Runs until `shutdown` resolves; the commands in hand are finished first.
 pub async fn run(

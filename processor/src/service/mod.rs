@@ -130,45 +130,7 @@ impl Default for ProcessConfig {
 }
 
 /// Why the processor did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ProcessError {
-    /// Connecting to NATS or making the streams ready failed.
-    #[error("starting on the bus")]
-    Bus(#[from] podstream_bus::StartError),
-    /// A KV bucket of records could not be opened or created.
-    #[error("opening KV bucket {bucket}")]
-    Bucket {
-        /// The bucket.
-        bucket: String,
-        /// Why.
-        #[source]
-        source: podstream_bus::StreamError,
-    },
-    /// A stream made ready could not be opened.
-    #[error("opening the {stream} stream")]
-    Stream {
-        /// The stream.
-        stream: String,
-        /// Why.
-        #[source]
-        source: async_nats::jetstream::context::GetStreamError,
-    },
-    /// A pinned consumer could not be created or updated.
-    #[error(transparent)]
-    Bind(#[from] podstream_bus::pinned::BindError),
-}
-
-impl podstream_bus::fault::Classified for ProcessError {
-    fn fault(&self) -> podstream_bus::fault::Fault {
-        match self {
-            ProcessError::Bus(error) => error.fault(),
-            ProcessError::Bucket { source, .. } => source.fault(),
-            ProcessError::Stream { .. } | ProcessError::Bind(_) => {
-                podstream_bus::fault::Fault::Other
-            }
-        }
-    }
-}
+pub type ProcessError = podstream_bus::StageError;
 
 /// The KV bucket of task records `bucket`, opened (made when missing) as long-lived and as
 /// replicated as the pod-events stream `pods`: for the processor, and for the collector that
