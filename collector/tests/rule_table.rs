@@ -44,6 +44,43 @@ fn try_2(
     ev(kind, phase, name, rv).with(|e| e.task = Some(ti(2)))
 }
 
+/// Pod `a` runs and succeeds.
+fn succeeded() -> Vec<PodEvent> {
+    vec![ev(Added, Running, "a", 1), ev(Modified, Succeeded, "a", 2)]
+}
+
+/// Pod `a` runs and fails.
+fn failed() -> Vec<PodEvent> {
+    vec![
+        ev(Added, Running, "a", 1),
+        ev(Modified, Failed, "a", 2).exited(1, "Error"),
+    ]
+}
+
+/// Seed 003: `a` runs; a second pod `b` for the same try starts, then fails.
+fn seed_003() -> Vec<PodEvent> {
+    vec![
+        ev(Added, Running, "a", 1),
+        ev(Added, Pending, "b", 2).created(5_000),
+        ev(Modified, Failed, "b", 3)
+            .created(5_000)
+            .exited(1, "Error"),
+    ]
+}
+
+/// Two live pods of one try: the newer, `b`, drives.
+fn two_live_pods() -> Vec<PodEvent> {
+    vec![
+        ev(Added, Running, "a", 1),
+        ev(Added, Running, "b", 2).created(5_000),
+    ]
+}
+
+/// Try 1's pod `a` still runs when try 2's pod `c` runs.
+fn try_2_runs() -> Vec<PodEvent> {
+    vec![ev(Added, Running, "a", 1), try_2(Added, Running, "c", 2)]
+}
+
 /// One row: what happens, the story, the kind of command looked at, the settings, the
 /// command's age, and the verdicts.
 type Row = (
@@ -61,7 +98,7 @@ fn collection_table() {
     let rows: Vec<Row> = vec![
         (
             "a pod that succeeded is deleted at once",
-            vec![ev(Added, Running, "a", 1), ev(Modified, Succeeded, "a", 2)],
+            succeeded(),
             "completed",
             airflow_defaults(),
             seconds(0),
@@ -69,10 +106,7 @@ fn collection_table() {
         ),
         (
             "a pod that failed stays for inspection, as Airflow's default keeps it",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Modified, Failed, "a", 2).exited(1, "Error"),
-            ],
+            failed(),
             "fail",
             airflow_defaults(),
             seconds(0),
@@ -80,10 +114,7 @@ fn collection_table() {
         ),
         (
             "with delete_worker_pods_on_failure a failed pod is deleted",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Modified, Failed, "a", 2).exited(1, "Error"),
-            ],
+            failed(),
             "fail",
             settings(true, true, false),
             seconds(0),
@@ -91,7 +122,7 @@ fn collection_table() {
         ),
         (
             "without delete_worker_pods an ended pod is labelled done",
-            vec![ev(Added, Running, "a", 1), ev(Modified, Succeeded, "a", 2)],
+            succeeded(),
             "completed",
             settings(false, true, false),
             seconds(0),
@@ -130,13 +161,7 @@ fn collection_table() {
         ),
         (
             "seed 003: the second pod failed while the first drove; it waits out the grace period",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Added, Pending, "b", 2).created(5_000),
-                ev(Modified, Failed, "b", 3)
-                    .created(5_000)
-                    .exited(1, "Error"),
-            ],
+            seed_003(),
             "duplicate",
             airflow_defaults(),
             seconds(20),
@@ -144,13 +169,7 @@ fn collection_table() {
         ),
         (
             "seed 003: after the grace period the loser is deleted, whatever the failure settings",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Added, Pending, "b", 2).created(5_000),
-                ev(Modified, Failed, "b", 3)
-                    .created(5_000)
-                    .exited(1, "Error"),
-            ],
+            seed_003(),
             "duplicate",
             airflow_defaults(),
             seconds(60),
@@ -158,10 +177,7 @@ fn collection_table() {
         ),
         (
             "a live loser is judged again until it ended, where a copy could win the order (no signed pods)",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Added, Running, "b", 2).created(5_000),
-            ],
+            two_live_pods(),
             "duplicate",
             airflow_defaults(),
             seconds(600),
@@ -169,10 +185,7 @@ fn collection_table() {
         ),
         (
             "with signed pods a live loser is deleted after the grace period, on its resourceVersion",
-            vec![
-                ev(Added, Running, "a", 1),
-                ev(Added, Running, "b", 2).created(5_000),
-            ],
+            two_live_pods(),
             "duplicate",
             settings(true, false, true),
             seconds(600),
@@ -192,7 +205,7 @@ fn collection_table() {
         ),
         (
             "a pod of a superseded try still alive is stale: deleted after the grace period",
-            vec![ev(Added, Running, "a", 1), try_2(Added, Running, "c", 2)],
+            try_2_runs(),
             "running",
             settings(true, false, true),
             seconds(600),
@@ -200,7 +213,7 @@ fn collection_table() {
         ),
         (
             "a stale pod waits out the grace period",
-            vec![ev(Added, Running, "a", 1), try_2(Added, Running, "c", 2)],
+            try_2_runs(),
             "running",
             settings(true, false, true),
             seconds(15),
@@ -208,7 +221,7 @@ fn collection_table() {
         ),
         (
             "a stale pod stays where a copy could claim a later try (no signed pods)",
-            vec![ev(Added, Running, "a", 1), try_2(Added, Running, "c", 2)],
+            try_2_runs(),
             "running",
             airflow_defaults(),
             seconds(600),
