@@ -776,7 +776,7 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
     use podstream_collector::service::CollectConfig;
     use podstream_processor::service::ProcessConfig;
 
-    let (nats, _js, plane, namespace) = rig("collect").await;
+    let (nats, js, plane, namespace) = rig("collect").await;
     plane.apply(&collector_rbac(&namespace));
     let collector_kubeconfig = plane.service_account_kubeconfig(&namespace, "podstream-collect");
     let collector_kube = client(&collector_kubeconfig).await;
@@ -924,6 +924,40 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
         .unwrap();
     assert_eq!(answer, podstream_collector::pods::Answer::Changed);
     assert!(!gone("recreated").await, "the recreated pod is left alone");
+
+    // A message on a commands subject that is no command, and a command whose names are out
+    // of bounds: each a dead letter of the collector, which goes on.
+    let unbounded = podstream_proto::v1::Command {
+        task: Some(podstream_proto::v1::TaskKey {
+            dag_id: "d".repeat(300),
+            try_number: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for payload in [
+        bytes::Bytes::from_static(b"\xff\xffnot protobuf"),
+        prost::Message::encode_to_vec(&unbounded).into(),
+    ] {
+        js.publish("podstream.commands.1.garbage", payload)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let dead = bus::read_all(&js, stream_names::DEAD).await;
+        let collector = dead
+            .iter()
+            .filter(|d| d.subject == "podstream.dead.collector")
+            .count();
+        if collector == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dead letters: {collector}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let _ = stop.send(true);
     let stats = collector.await.unwrap().unwrap();

@@ -99,7 +99,12 @@ impl Handler for CommandHandler<'_> {
 
     fn decode(&self, message: &async_nats::jetstream::Message) -> Decoded<Command> {
         match Command::decode(message.payload.as_ref()) {
-            Ok(command) => Decoded::Item(command),
+            // The processor publishes keys in bounds; a command from elsewhere must not make a
+            // KV key the server refuses (judged again without end, it would never be acked).
+            Ok(command) => match command.task.as_ref().map(TaskKey::check_bounds) {
+                Some(Err(error)) => Decoded::Dead(error.to_string()),
+                _ => Decoded::Item(command),
+            },
             Err(error) => Decoded::Dead(format!("not a Command: {error}")),
         }
     }
