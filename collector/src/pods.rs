@@ -4,7 +4,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
-use podstream_bus::retry::{Classify, Verdict};
 use podstream_proto::v1::PodRef;
 use serde_json::json;
 
@@ -25,6 +24,18 @@ pub enum Answer {
     Changed,
 }
 
+impl Answer {
+    /// Its name in logs and in the collector's bucket.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Answer::Done => "done",
+            Answer::Gone => "gone",
+            Answer::Replaced => "replaced",
+            Answer::Changed => "changed",
+        }
+    }
+}
+
 /// A call the API server refused or never answered.
 #[derive(Debug, thiserror::Error)]
 #[error("{call} pod {namespace}/{name}")]
@@ -38,14 +49,6 @@ pub struct CallError {
     /// Why.
     #[source]
     pub source: kube::Error,
-}
-
-impl Classify for CallError {
-    /// A pod call never turns into a dead letter: what the server refuses now (a missing
-    /// right, a server away) is waited out and tried again, and logged on each try.
-    fn verdict(&self) -> Verdict {
-        Verdict::Wait
-    }
 }
 
 /// Deletes `pod` if it still has its uid and, when given, `resource_version`.

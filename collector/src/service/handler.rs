@@ -184,13 +184,13 @@ impl Collector {
                 Ok(record) => record,
                 Err(error) => {
                     warn!(%error, ti = %task, "reading the task record failed; judging again later");
-                    again = Some(again.map_or(AGAIN_AFTER, |a| a.min(AGAIN_AFTER)));
+                    again = sooner(again, AGAIN_AFTER);
                     continue;
                 }
             };
             for verdict in rule::judge(&look, record.as_ref(), age, &self.settings) {
                 if let Acted::Again(after) = self.act(&verdict, task, &mut stats).await {
-                    again = Some(again.map_or(after, |a| a.min(after)));
+                    again = sooner(again, after);
                 }
             }
         }
@@ -310,30 +310,28 @@ impl Collector {
                 return Acted::Again(AGAIN_AFTER);
             }
         };
-        let answered = match answer {
+        match answer {
             Answer::Changed => {
                 debug!(pod = %pod, uid = %pod.uid, "the pod changed since it was judged; judging again");
                 return Acted::Again(AGAIN_AFTER);
             }
             Answer::Done => {
                 metrics::counter!(podstream_bus::metrics::COLLECTOR_PODS, "reason" => reason.as_str(), "action" => action.as_str()).increment(1);
-                "done"
             }
-            Answer::Gone => "gone",
-            Answer::Replaced => "replaced",
-        };
+            Answer::Gone | Answer::Replaced => {}
+        }
         match action {
             Action::Deleted => stats.deleted += 1,
             Action::LabelledDone => stats.labelled_done += 1,
         }
         let driving = driver.map(ToString::to_string).unwrap_or_default();
-        info!(pod = %pod, uid = %pod.uid, ti = %task, reason = reason.as_str(), action = action.as_str(), answer = answered, driver = %driving, "pod collected");
+        info!(pod = %pod, uid = %pod.uid, ti = %task, reason = reason.as_str(), action = action.as_str(), answer = answer.as_str(), driver = %driving, "pod collected");
         let record = Collected {
             pod: pod.clone(),
             ti: task.clone(),
             reason: reason.as_str().to_owned(),
             action: action.as_str().to_owned(),
-            answer: answered.to_owned(),
+            answer: answer.as_str().to_owned(),
             driver: driver.cloned(),
         };
         if let Err(error) = self.collected.put(&key, record.encode().into()).await {
@@ -356,6 +354,11 @@ impl Collector {
             Err(poisoned) => poisoned.into_inner().remove(uid),
         };
     }
+}
+
+/// The sooner of `again` (when there is one) and `after`.
+fn sooner(again: Option<Duration>, after: Duration) -> Option<Duration> {
+    Some(again.map_or(after, |a| a.min(after)))
 }
 
 /// How long ago the command was published (zero when the server did not say).
