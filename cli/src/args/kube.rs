@@ -1,4 +1,4 @@
-//! Where the pods are: the Kubernetes flags shared by `ingest` and `run`.
+//! Where the pods are: the Kubernetes flags shared by `ingest`, `run` and `collect`.
 
 use clap::Args;
 
@@ -8,6 +8,13 @@ pub struct KubeArgs {
     /// Namespaces to watch, comma-separated; all namespaces when empty.
     #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
+    #[command(flatten)]
+    pub context: KubeContextArgs,
+}
+
+/// Which kubeconfig context: for every command that calls the Kubernetes API.
+#[derive(Debug, Clone, Args)]
+pub struct KubeContextArgs {
     /// kubeconfig context to use instead of the current one.
     #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
     pub kube_context: Option<String>,

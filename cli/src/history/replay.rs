@@ -346,7 +346,7 @@ impl History {
             (Position::Sequence(_), Some((_, time))) => *time,
             (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
         };
-        let pods = match pods_start {
+        let mut pods = match pods_start {
             Some((start, _)) => Reader::open(js, &pods_name, "pods", start, until).await?,
             None => Reader::Empty,
         };
@@ -356,28 +356,21 @@ impl History {
             Position::Sequence(_) => Position::Time(OffsetDateTime::now_utc()),
             time => time,
         });
-        let commands_name = subjects.stream_name(Stream::Commands);
-        let commands = Reader::open(
-            js,
-            &commands_name,
-            "commands",
-            Start::Time(since_time),
-            until_time,
-        )
-        .await?;
-        let collected_name = podstream_bus::streams::bucket_stream(
-            &subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
-        );
-        let collected = Reader::open(
-            js,
-            &collected_name,
-            "collected",
-            Start::Time(since_time),
-            until_time,
-        )
-        .await?;
-        let mut readers = Vec::new();
-        for mut reader in [pods, commands, collected] {
+        // Then, from the same time on: the commands, and the pods the collector collected.
+        let by_time = [
+            (subjects.stream_name(Stream::Commands), "commands"),
+            (
+                podstream_bus::streams::bucket_stream(
+                    &subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
+                ),
+                "collected",
+            ),
+        ];
+        let first = pods.next().await?;
+        let mut readers = vec![(pods, first)];
+        for (name, label) in by_time {
+            let mut reader =
+                Reader::open(js, &name, label, Start::Time(since_time), until_time).await?;
             let next = reader.next().await?;
             readers.push((reader, next));
         }

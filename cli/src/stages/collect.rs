@@ -20,9 +20,8 @@ pub struct CollectArgs {
     pub ops: crate::args::ops::OpsArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
-    /// kubeconfig context to use instead of the current one.
-    #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
-    pub kube_context: Option<String>,
+    #[command(flatten)]
+    pub kube: crate::args::kube::KubeContextArgs,
     #[command(flatten)]
     pub collection: CollectionArgs,
     /// Durable consumer name.
@@ -81,7 +80,8 @@ pub fn run(args: &CollectArgs) -> anyhow::Result<()> {
             health,
             ..args.config()?
         };
-        let kube = podstream_ingest::service::kube_client(args.kube_context.as_deref()).await?;
+        let kube =
+            podstream_ingest::service::kube_client(args.kube.kube_context.as_deref()).await?;
         let stats = args
             .shutdown
             .run(|shutdown| service::run(config, kube, shutdown))

@@ -56,7 +56,7 @@ impl IngestArgs {
                 .streams
                 .bus(self.nats.url(), self.nats.security.security()),
             namespaces: self.kube.namespaces(),
-            kube_context: self.kube.kube_context.clone(),
+            kube_context: self.kube.context.kube_context.clone(),
             pod_selector: self.selector.pod_selector.clone(),
             ack_window: self.ack_window,
             checkpoint_bucket: self

@@ -82,7 +82,7 @@ impl RunArgs {
             bus: self.streams.bus(nats_url, self.nats.security.security()),
             ingest: IngestConfig {
                 namespaces: self.kube.namespaces(),
-                kube_context: self.kube.kube_context.clone(),
+                kube_context: self.kube.context.kube_context.clone(),
                 pod_selector: self.selector.pod_selector.clone(),
                 checkpoint_bucket: subjects.resource_name(CHECKPOINT_ROLE),
                 lease: self.lease.lease(&subjects),
@@ -144,7 +144,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         if let Some(collect) = config.collect.as_mut() {
             collect.health = health;
         }
-        let kube = kube_client(args.kube.kube_context.as_deref()).await?;
+        let kube = kube_client(args.kube.context.kube_context.as_deref()).await?;
         let db = Database::connect_to(&db_target)
             .await?
             .with_policy(args.db.policy());

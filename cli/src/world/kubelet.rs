@@ -33,16 +33,16 @@ pub struct KubeletArgs {
         value_delimiter = ','
     )]
     env: Vec<String>,
-    /// kubeconfig context to use instead of the current one.
-    #[arg(long, env = "PODSTREAM_KUBE_CONTEXT")]
-    kube_context: Option<String>,
+    #[command(flatten)]
+    kube: crate::args::kube::KubeContextArgs,
 }
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(args: &KubeletArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the Tokio runtime")?;
     runtime.block_on(async {
-        let client = podstream_ingest::service::kube_client(args.kube_context.as_deref()).await?;
+        let client =
+            podstream_ingest::service::kube_client(args.kube.kube_context.as_deref()).await?;
         let root = args.dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("podstream-kubelet-{}", std::process::id()))
         });
