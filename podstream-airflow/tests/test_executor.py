@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -484,7 +485,9 @@ def test_with_the_shipped_users_file_the_executor_needs_no_more(world, tmp_path,
     secured.mkdir()
     config = secured / "nats-server.conf"
     config.write_text(users.read_text())
-    passwords = {name: f"{name}-pw" for name in ("INGEST", "PROCESS", "SINK", "AIRFLOW", "SPARK", "READER")}
+    # Every password the file asks for (nats-server refuses to start with one undefined).
+    names = re.findall(r"\$PODSTREAM_(\w+)_PASSWORD", users.read_text())
+    passwords = {name: f"{name}-pw" for name in names}
     nats_server = Nats(
         secured / "js",
         config=config,

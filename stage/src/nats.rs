@@ -8,7 +8,9 @@ pub use podstream_bus::local_server::find_binary as nats_server_binary;
 use crate::free_port;
 
 /// The users of `deploy/nats/podstream-users.conf`, each `podstream-<name>`.
-pub const SHIPPED_USERS: [&str; 6] = ["ingest", "process", "sink", "reader", "airflow", "spark"];
+pub const SHIPPED_USERS: [&str; 7] = [
+    "ingest", "process", "sink", "reader", "airflow", "spark", "collect",
+];
 
 /// A running (or stopped) nats-server owned by the test.
 pub struct NatsServer {

@@ -858,8 +858,8 @@ fn the_nats_values_are_the_charts_own_and_make_what_the_page_asks() {
         .iter()
         .find(|c| c["name"] == "nats")
         .unwrap();
-    let users = ["INGEST", "PROCESS", "SINK", "AIRFLOW", "SPARK", "READER"];
-    for user in users {
+    let users = podstream_tests::nats::SHIPPED_USERS.map(str::to_uppercase);
+    for user in &users {
         let variable = format!("PODSTREAM_{user}_PASSWORD");
         let env = nats["env"]
             .as_array()
@@ -973,7 +973,7 @@ fn the_nats_values_are_the_charts_own_and_make_what_the_page_asks() {
         .arg(&conf)
         .arg("-t")
         .env("SERVER_NAME", "nats-0");
-    for user in users {
+    for user in &users {
         server.env(format!("PODSTREAM_{user}_PASSWORD"), "a-password");
     }
     run(&mut server);

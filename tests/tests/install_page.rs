@@ -40,7 +40,7 @@ const MOUNTS: &str = "/var/run/secrets/podstream";
 /// The namespace the page installs into.
 const NAMESPACE: &str = "airflow";
 /// The users the page's users file defines, by the file holding each one's password.
-const USERS: [&str; 6] = ["ingest", "process", "sink", "airflow", "spark", "reader"];
+const USERS: [&str; 7] = podstream_tests::nats::SHIPPED_USERS;
 
 /// The page, its continuation lines joined.
 fn page() -> String {

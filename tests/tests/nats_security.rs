@@ -26,19 +26,24 @@ const RUN: &str = "manual__2026-11-30";
 const PASSWORD: &str = "pw-never-shown-4711";
 const TOKEN: &str = "token-never-shown-0815";
 
-/// Ingest, process and sink, each with its `auth` flags, all become ready on `url`, and a
-/// running task's pod deleted then puts its task instance up for retry: every stage worked.
-async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
+/// Ingest, process, sink and collector, each with its `auth` flags, all become ready on `url`;
+/// a running task's pod deleted then puts its task instance up for retry, and a pod that
+/// succeeded is deleted by the collector: every stage worked.
+async fn pipeline_works(url: &str, auth: [&[&str]; 4]) {
     let (sim, dir) = recovery::simulator().await;
     let kubeconfig = dir.path().join("kubeconfig");
     let target = AirflowDb::sqlite(Airflow::line("2.10"));
     let db = Database::connect(&target.url).await.unwrap();
-    db.seed(DAG, RUN, &[SeedTi::running("secured", 1)])
+    db.seed(
+        DAG,
+        RUN,
+        &[SeedTi::running("secured", 1), SeedTi::running("collected", 1)],
+    )
         .await
         .unwrap();
     // With --spark: its stream, consumer, bucket and a driver pod's record are permitted
     // too (the simulator serves no SparkApplications: that watch only fails, and says so).
-    let stages: [&[&str]; 3] = [
+    let stages: [&[&str]; 4] = [
         &[
             "ingest",
             "--namespaces",
@@ -48,6 +53,7 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
         ],
         &["process", "--spark"],
         &["sink", "--db", &target.url],
+        &["collect"],
     ];
     let mut running = Vec::new();
     for (stage, auth) in stages.into_iter().zip(auth) {
@@ -106,6 +112,27 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 3]) {
         assert!(
             Instant::now() < deadline,
             "the task instance stayed {row:?} with {auth:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The collector reads the records and writes its bucket: a pod that succeeded goes.
+    cluster
+        .create_pod(WorkerPod::new("collected-pod", "1", DAG, "collected", RUN).to_json())
+        .unwrap();
+    for phase in ["Running", "Succeeded"] {
+        cluster
+            .set_phase(recovery::NS, "collected-pod", phase)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Ok(pod) = cluster.pod(recovery::NS, "collected-pod") {
+        if pod["metadata"]["deletionTimestamp"].is_string() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector left the pod that succeeded with {auth:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -216,11 +243,11 @@ authorization {{
             &password,
         ])
         .collect();
-    pipeline_works(&url, [&with_password; 3]).await;
+    pipeline_works(&url, [&with_password; 4]).await;
 
     let seed = path_str(&seed);
     let with_nkey: Vec<&str> = tls.iter().copied().chain(["--nats-nkey", &seed]).collect();
-    pipeline_works(&url, [&with_nkey; 3]).await;
+    pipeline_works(&url, [&with_nkey; 4]).await;
 
     // A wrong password: refused at once, naming the server and the method, not the secret.
     let wrong = path_str(&wrong_file);
@@ -272,7 +299,7 @@ async fn a_token_from_a_file_and_urls_redacted_in_logs_and_help() {
     let nats = NatsServer::start_with_config(&config, &[]);
     let url = nats.url();
     let token = path_str(&token_file);
-    pipeline_works(&url, [&["--nats-token-file", &token]; 3]).await;
+    pipeline_works(&url, [&["--nats-token-file", &token]; 4]).await;
 
     // A wrong token in the URL is refused and not printed.
     let wrong = format!("nats://wrong-{TOKEN}@127.0.0.1:{}", nats.port());
@@ -324,7 +351,7 @@ async fn each_component_with_its_own_user_on_the_shipped_least_privilege_config(
         ]
     };
 
-    pipeline_works(&url, [&login(0), &login(1), &login(2)]).await;
+    pipeline_works(&url, [&login(0), &login(1), &login(2), &login(6)]).await;
     let refusals = |log: &str| {
         log.lines()
             .filter(|line| line.contains("Violation"))
@@ -478,6 +505,22 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             "pull the sink's commands",
         ),
         ("sink", "podstream.commands.1.forged", "publish a command"),
+        ("collect", "podstream.commands.1.forged", "publish a command"),
+        (
+            "collect",
+            "$KV.podstream-process.ti.forged",
+            "write the processor's task records",
+        ),
+        (
+            "collect",
+            "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_COMMANDS.podstream-sink",
+            "pull the sink's commands",
+        ),
+        (
+            "collect",
+            "$JS.API.CONSUMER.CREATE.PODSTREAM_COMMANDS",
+            "create a consumer named in the body",
+        ),
         (
             "sink",
             "$JS.API.CONSUMER.MSG.NEXT.PODSTREAM_PODS.podstream-process",
@@ -506,6 +549,7 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
         ("airflow", "_INBOX_podstream-sink.>"),
         ("reader", "_INBOX_podstream-process.>"),
         ("ingest", "_INBOX_podstream-airflow.>"),
+        ("collect", "_INBOX_podstream-sink.>"),
     ];
     for (user, inbox) in foreign_inboxes {
         let client = connect(user).await;
@@ -624,7 +668,7 @@ async fn a_credentials_file_on_a_server_in_operator_mode() {
     );
     let nats = NatsServer::start_with_config(&config, &[]);
     let creds = path_str(&creds);
-    pipeline_works(&nats.url(), [&["--nats-creds", &creds]; 3]).await;
+    pipeline_works(&nats.url(), [&["--nats-creds", &creds]; 4]).await;
 
     // Without the file: refused at once.
     let stderr = refused(&nats.url(), &[], Duration::from_secs(15));
