@@ -10,6 +10,16 @@ use serde_json::json;
 /// The label Airflow's executor sets on a pod it is finished with.
 pub const EXECUTOR_DONE_LABEL: &str = "airflow_executor_done";
 
+/// The verbs on pods the collector's calls use with `settings`: `delete`, and `patch` when it
+/// labels pods done instead (`delete_worker_pods` off).
+pub fn verbs(settings: &crate::rule::Settings) -> Vec<&'static str> {
+    if settings.delete_worker_pods {
+        vec!["delete"]
+    } else {
+        vec!["delete", "patch"]
+    }
+}
+
 /// What the API server did with a delete or a label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {

@@ -31,6 +31,8 @@ pub struct Settings {
     /// candidate is an executor's own pod (`podstream process --require-signed-pods`), for a
     /// copy that wins the order would otherwise get the real pod deleted.
     pub live_pods: bool,
+    /// The namespaces whose pods may be collected (its Role's); empty: every namespace.
+    pub namespaces: Vec<String>,
 }
 
 /// Airflow's own defaults: delete pods that succeeded, keep failed ones.
@@ -47,6 +49,7 @@ impl Default for Settings {
             delete_worker_pods_on_failure: DEFAULT_DELETE_WORKER_PODS_ON_FAILURE,
             grace: Duration::from_secs(DEFAULT_GRACE_SECONDS),
             live_pods: false,
+            namespaces: Vec::new(),
         }
     }
 }
@@ -202,6 +205,8 @@ pub enum Kept {
     Live,
     /// It failed and failed pods stay for inspection (`delete_worker_pods_on_failure`).
     FailedKept,
+    /// It is in a namespace the collector does not collect ([`Settings::namespaces`]).
+    Elsewhere,
 }
 
 impl Kept {
@@ -214,6 +219,7 @@ impl Kept {
             Kept::NotACandidate => "not_a_candidate",
             Kept::Live => "live",
             Kept::FailedKept => "failed_kept",
+            Kept::Elsewhere => "elsewhere",
         }
     }
 }
@@ -226,13 +232,30 @@ pub fn judge(
     age: Duration,
     settings: &Settings,
 ) -> Vec<Verdict> {
-    match look {
+    let verdicts = match look {
         Look::Finished { pod, ending } => vec![finished(pod, *ending, record, settings)],
         Look::Losers { others } => others
             .iter()
             .map(|pod| loser(pod, record, age, settings))
             .collect(),
         Look::Superseded { by, .. } => superseded(record, by, age, settings),
+    };
+    verdicts
+        .into_iter()
+        .map(|verdict| within(verdict, &settings.namespaces))
+        .collect()
+}
+
+/// `verdict`, or Keep when its pod is outside `namespaces` (none: every namespace is in).
+fn within(verdict: Verdict, namespaces: &[String]) -> Verdict {
+    let outside = !namespaces.is_empty() && !namespaces.contains(&verdict.pod().namespace);
+    match verdict {
+        Verdict::Keep { .. } => verdict,
+        _ if outside => Verdict::Keep {
+            pod: verdict.pod().clone(),
+            why: Kept::Elsewhere,
+        },
+        _ => verdict,
     }
 }
 

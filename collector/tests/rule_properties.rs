@@ -81,6 +81,7 @@ fn settings(delete: bool, on_failure: bool) -> Settings {
         delete_worker_pods_on_failure: on_failure,
         grace: Duration::from_secs(60),
         live_pods: true,
+        namespaces: Vec::new(),
     }
 }
 

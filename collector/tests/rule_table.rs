@@ -26,6 +26,15 @@ fn settings(delete: bool, on_failure: bool, live_pods: bool) -> Settings {
         delete_worker_pods_on_failure: on_failure,
         grace: GRACE,
         live_pods,
+        namespaces: Vec::new(),
+    }
+}
+
+/// `settings` that collect only in `namespaces` (the story's pods are in `airflow`).
+fn only_in(namespaces: &[&str], settings: Settings) -> Settings {
+    Settings {
+        namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+        ..settings
     }
 }
 
@@ -127,6 +136,22 @@ fn collection_table() {
             settings(false, true, false),
             seconds(0),
             vec!["label a"],
+        ),
+        (
+            "a pod in a namespace the collector collects is deleted",
+            succeeded(),
+            "completed",
+            only_in(&["airflow"], airflow_defaults()),
+            seconds(0),
+            vec!["delete a finished"],
+        ),
+        (
+            "a pod in a namespace the collector does not collect is left",
+            succeeded(),
+            "completed",
+            only_in(&["other"], airflow_defaults()),
+            seconds(0),
+            vec!["keep a elsewhere"],
         ),
         (
             "a pod fatally stuck in Pending is a failure like any other",

@@ -425,18 +425,31 @@ fn the_monitoring_component_scrapes_every_pod_and_its_alerts_fire_on_trouble() {
 }
 
 /// `overlay` with the deploy/monitoring component, as an operator's own overlay takes it:
-/// its dir (inside the workspace, so it reaches deploy/ by relative paths as kustomize wants;
-/// not under a dot-named dir) and its objects.
+/// its dir and its objects.
 fn with_monitoring(overlay: &str) -> (tempfile::TempDir, Vec<Value>) {
+    with_components(overlay, &["monitoring"], "")
+}
+
+/// `overlay` with the components of deploy/ named and `extra` lines, as an operator's own
+/// overlay takes them: its dir (inside the workspace, so it reaches deploy/ by relative paths
+/// as kustomize wants; not under a dot-named dir, which checkov skips) with the rendered YAML
+/// in `rendered.yaml`, and its objects.
+fn with_components(
+    overlay: &str,
+    components: &[&str],
+    extra: &str,
+) -> (tempfile::TempDir, Vec<Value>) {
     let dir = tempfile::Builder::new()
-        .prefix("podstream-monitoring-")
+        .prefix("podstream-components-")
         .tempdir_in(workspace_root().join("target"))
         .unwrap();
+    let listed: String = components
+        .iter()
+        .map(|c| format!("  - ../../deploy/{c}\n"))
+        .collect();
     std::fs::write(
         dir.path().join("kustomization.yaml"),
-        format!(
-            "resources:\n  - ../../deploy/overlays/{overlay}\ncomponents:\n  - ../../deploy/monitoring\n"
-        ),
+        format!("resources:\n  - ../../deploy/overlays/{overlay}\ncomponents:\n{listed}{extra}"),
     )
     .unwrap();
     let yaml = run(
@@ -448,6 +461,114 @@ fn with_monitoring(overlay: &str) -> (tempfile::TempDir, Vec<Value>) {
     std::fs::write(&rendered, yaml).unwrap();
     let objects = yaml_documents(&rendered);
     (dir, objects)
+}
+
+/// deploy/collector, the optional component: with either overlay it adds one Deployment that
+/// validates, passes checkov, runs `collect` with flags the binary takes and a NATS user the
+/// shipped users file defines, and a Role that may delete pods and nothing else; the base's
+/// objects stay as they were, and every Deployment takes an image set as the page sets it.
+#[test]
+fn the_collector_component_may_delete_pods_and_nothing_else() {
+    let users =
+        std::fs::read_to_string(workspace_root().join("deploy/nats/podstream-users.conf")).unwrap();
+    // docs/install.md's `kustomize edit set image <name>=<image>`, as an overlay's entry.
+    let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
+    let (name, image) = page
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kustomize edit set image "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pair| pair.split_once('='))
+        .expect("install.md sets the image with kustomize edit");
+    let (new_name, new_tag) = image.rsplit_once(':').unwrap();
+    let images =
+        format!("images:\n  - name: {name}\n    newName: {new_name}\n    newTag: \"{new_tag}\"\n");
+    for overlay in ["podstream-executor", "stock-executor"] {
+        let (dir, objects) = with_components(overlay, &["collector"], &images);
+        let rendered = dir.path().join("rendered.yaml");
+        run(Command::new(tool("kubernetes-validate"))
+            .args(["--strict", "--quiet", "-k", "1.32.0"])
+            .arg(&rendered));
+        let report = run(Command::new(tool("checkov"))
+            .args([
+                "--framework",
+                "kubernetes",
+                "--compact",
+                "--quiet",
+                "--skip-download",
+                "-f",
+            ])
+            .arg(&rendered));
+        assert_clean(&report);
+
+        // The overlay's own objects are as they were (the pod defaults, applied again to
+        // them, change nothing).
+        let before = by_name(&render(overlay, dir.path()).1);
+        let after = by_name(&objects);
+        for (key, object) in &before {
+            let mut object = object.clone();
+            if key.0 == "Deployment" {
+                object["spec"]["template"]["spec"]["containers"][0]["image"] = Value::from(image);
+            }
+            assert_eq!(after.get(key), Some(&object), "{overlay}: {key:?} changed");
+        }
+        let added: Vec<&(String, String)> =
+            after.keys().filter(|k| !before.contains_key(*k)).collect();
+        assert_eq!(
+            added,
+            [
+                ("Deployment", "podstream-collect"),
+                ("NetworkPolicy", "podstream-collect-api"),
+                ("PodDisruptionBudget", "podstream-collect"),
+                ("Role", "podstream-collect"),
+                ("RoleBinding", "podstream-collect"),
+                ("ServiceAccount", "podstream-collect"),
+            ]
+            .iter()
+            .map(|(k, n)| ((*k).to_owned(), (*n).to_owned()))
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>(),
+            "{overlay}"
+        );
+        for ((_, name), object) in after.iter().filter(|(k, _)| !before.contains_key(*k)) {
+            assert_eq!(object["metadata"]["namespace"], "airflow", "{name}");
+        }
+
+        let collect = &after[&("Deployment".to_owned(), "podstream-collect".to_owned())];
+        let pod = &collect["spec"]["template"]["spec"];
+        let process = &after[&("Deployment".to_owned(), "podstream-process".to_owned())]["spec"]["template"]
+            ["spec"];
+        // The pod defaults reached it: the same security, probes and resources as the others.
+        for field in ["securityContext", "terminationGracePeriodSeconds"] {
+            assert_eq!(pod[field], process[field], "{field}");
+        }
+        let container = &pod["containers"][0];
+        let theirs = &process["containers"][0];
+        for field in [
+            "securityContext",
+            "livenessProbe",
+            "readinessProbe",
+            "resources",
+            "envFrom",
+            "image",
+        ] {
+            assert_eq!(container[field], theirs[field], "{field}");
+        }
+        let args = strings(&container["args"]);
+        assert_eq!(args[0], "collect");
+        assert_parses(&args);
+        assert!(users.contains("user: podstream-collect\n"));
+        assert!(args.contains(&"--nats-user=podstream-collect"), "{args:?}");
+
+        let role = &after[&("Role".to_owned(), "podstream-collect".to_owned())];
+        assert_eq!(
+            role["rules"],
+            serde_json::json!([{ "apiGroups": [""], "resources": ["pods"], "verbs": ["delete"] }])
+        );
+        let binding = &after[&("RoleBinding".to_owned(), "podstream-collect".to_owned())];
+        assert_eq!(binding["subjects"][0]["namespace"], "airflow");
+        assert_eq!(binding["roleRef"]["name"], "podstream-collect");
+    }
 }
 
 /// `helm template` of deploy/chart as release `release` in namespace `airflow`, with a values
@@ -525,8 +646,8 @@ fn by_name(objects: &[Value]) -> std::collections::BTreeMap<(String, String), Va
 }
 
 /// deploy/chart passes `helm lint --strict`, and installed as `podstream` with an overlay's
-/// settings it makes that overlay's objects, field for field (the monitoring component's
-/// included, with the overlay's relative runbook links): every check of the overlays in this
+/// settings it makes that overlay's objects, field for field (the monitoring and collector
+/// components' included, with the overlay's relative runbook links): every check of the overlays in this
 /// file holds for the chart. Its chart and app version are the workspace's.
 #[test]
 fn the_chart_lints_and_makes_each_overlays_objects() {
@@ -544,15 +665,20 @@ fn the_chart_lints_and_makes_each_overlays_objects() {
         "{chart}"
     );
 
-    let (_dir, executor) = with_monitoring("podstream-executor");
+    let (_dir, executor) = with_components("podstream-executor", &["monitoring", "collector"], "");
     let monitored = [
         "monitoring.podMonitor.enabled=true",
         "monitoring.prometheusRule.enabled=true",
         "monitoring.runbookUrl=docs/operations.md",
+        "collector.enabled=true",
     ];
     let stock = render("stock-executor", tempfile::tempdir().unwrap().path()).1;
     for (overlay, objects, values) in [
-        ("podstream-executor + monitoring", executor, &monitored[..]),
+        (
+            "podstream-executor + monitoring + collector",
+            executor,
+            &monitored[..],
+        ),
         ("stock-executor", stock, &["taskFailures=sink"][..]),
     ] {
         let from_chart = by_name(&helm_template("podstream", None, values).unwrap());
@@ -701,6 +827,70 @@ fn the_chart_follows_its_values() {
         let refused = helm_template("podstream", None, &[value]).unwrap_err();
         assert!(refused.contains(refusal), "{value}: {refused}");
     }
+}
+
+/// The chart's collector values become its flags and its Roles: one in each namespace it
+/// collects in, with `patch` only when it labels pods instead of deleting them; a misspelt
+/// collector value is refused.
+#[test]
+fn the_chart_collector_follows_its_values() {
+    let objects = helm_template(
+        "podstream",
+        None,
+        &[
+            "collector.enabled=true",
+            "namespaces={airflow,team-b}",
+            "collector.deleteWorkerPods=false",
+            "collector.deleteWorkerPodsOnFailure=true",
+            "collector.graceSeconds=60",
+            "collector.livePods=true",
+        ],
+    )
+    .unwrap();
+    let collect = of_kind(&objects, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "podstream-collect")
+        .expect("the collector's Deployment");
+    let args = strings(&collect["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert_parses(&args);
+    for flag in [
+        "--namespaces=airflow,team-b",
+        "--delete-worker-pods=false",
+        "--delete-worker-pods-on-failure=true",
+        "--collect-grace-seconds=60",
+        "--collect-live-pods",
+    ] {
+        assert!(args.contains(&flag), "{flag}: {args:?}");
+    }
+    let roles: Vec<(&str, Vec<&str>)> = of_kind(&objects, "Role")
+        .into_iter()
+        .filter(|r| r["metadata"]["name"] == "podstream-collect")
+        .map(|r| {
+            (
+                r["metadata"]["namespace"].as_str().unwrap(),
+                strings(&r["rules"][0]["verbs"]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("airflow", vec!["delete", "patch"]),
+            ("team-b", vec!["delete", "patch"])
+        ]
+    );
+    assert!(
+        helm_template("podstream", None, &[])
+            .unwrap()
+            .iter()
+            .all(|o| !o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("collect")),
+        "the collector is off by default"
+    );
+    let refused = helm_template("podstream", None, &["collector.enable=true"]).unwrap_err();
+    assert!(refused.contains("enable"), "{refused}");
 }
 
 /// Every Secret the install mounts (the overlays' volumes, podstream's chart with the values

@@ -822,6 +822,8 @@ async fn the_collector_deletes_each_pod_once_and_never_one_that_drives() {
                 delete_worker_pods_on_failure: true,
                 grace,
                 live_pods: true,
+                // The namespace its Role covers, as the shipped Deployment gives it.
+                namespaces: vec![namespace.clone()],
             },
             ..CollectConfig::default()
         },

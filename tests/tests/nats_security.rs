@@ -37,10 +37,13 @@ async fn pipeline_works(url: &str, auth: [&[&str]; 4]) {
     db.seed(
         DAG,
         RUN,
-        &[SeedTi::running("secured", 1), SeedTi::running("collected", 1)],
+        &[
+            SeedTi::running("secured", 1),
+            SeedTi::running("collected", 1),
+        ],
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     // With --spark: its stream, consumer, bucket and a driver pod's record are permitted
     // too (the simulator serves no SparkApplications: that watch only fails, and says so).
     let stages: [&[&str]; 4] = [
@@ -505,7 +508,11 @@ async fn each_shipped_user_is_refused_what_its_job_does_not_need() {
             "pull the sink's commands",
         ),
         ("sink", "podstream.commands.1.forged", "publish a command"),
-        ("collect", "podstream.commands.1.forged", "publish a command"),
+        (
+            "collect",
+            "podstream.commands.1.forged",
+            "publish a command",
+        ),
         (
             "collect",
             "$KV.podstream-process.ti.forged",

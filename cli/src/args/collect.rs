@@ -29,13 +29,15 @@ pub struct CollectionArgs {
 }
 
 impl CollectionArgs {
-    /// The collection rule's settings these flags describe.
-    pub fn settings(&self) -> Settings {
+    /// The collection rule's settings these flags describe, for pods in `namespaces` (none:
+    /// every namespace).
+    pub fn settings(&self, namespaces: Vec<String>) -> Settings {
         Settings {
             delete_worker_pods: self.delete_worker_pods,
             delete_worker_pods_on_failure: self.delete_worker_pods_on_failure,
             grace: Duration::from_secs(self.collect_grace_seconds),
             live_pods: self.collect_live_pods,
+            namespaces,
         }
     }
 }

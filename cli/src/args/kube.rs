@@ -5,7 +5,8 @@ use clap::Args;
 /// Namespaces and kubeconfig context.
 #[derive(Debug, Clone, Args)]
 pub struct KubeArgs {
-    /// Namespaces to watch, comma-separated; all namespaces when empty.
+    /// Namespaces of the worker pods (watched, or collected), comma-separated; all namespaces
+    /// when empty.
     #[arg(long, env = "PODSTREAM_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
     #[command(flatten)]

@@ -1,15 +1,43 @@
-//! The ingest's Kubernetes identity: its kubeconfig (or in-cluster token) loads, and the API
-//! server grants each permission its calls use (SelfSubjectAccessReview, as at its start).
+//! A component's Kubernetes identity (the ingest's, the collector's): its kubeconfig (or
+//! in-cluster token) loads, and the API server grants each permission its calls use
+//! (SelfSubjectAccessReview, as the ingest asks at its start).
 
 use podstream_bus::fault::{Classified, Fault};
-use podstream_ingest::access;
-use podstream_ingest::service::{IngestConfig, kube_client};
+use podstream_ingest::access::{self, Permission};
+use podstream_ingest::service::kube_client;
 
 use super::Report;
 
-/// One line for the client, then one per permission.
-pub(super) async fn check(report: &mut Report, config: &IngestConfig) {
-    let kube = match kube_client(config.kube_context.as_deref()).await {
+/// The permissions on pods `verbs` in `namespaces` (none: every namespace).
+pub(super) fn on_pods(verbs: &[&'static str], namespaces: &[String]) -> Vec<Permission> {
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    };
+    scopes
+        .iter()
+        .flat_map(|scope| {
+            verbs.iter().map(|&verb| Permission {
+                verb,
+                group: "",
+                resource: "pods",
+                namespace: scope.clone(),
+                name: None,
+            })
+        })
+        .collect()
+}
+
+/// One line for the client, then one per permission in `needed`; `role` says where a missing
+/// one is granted.
+pub(super) async fn check(
+    report: &mut Report,
+    context: Option<&str>,
+    needed: &[Permission],
+    role: &str,
+) {
+    let kube = match kube_client(context).await {
         Ok(kube) => kube,
         Err(error) => {
             report.fail(
@@ -20,8 +48,7 @@ pub(super) async fn check(report: &mut Report, config: &IngestConfig) {
             return;
         }
     };
-    let needed = access::needed(&config.namespaces, config.lease.as_ref(), config.spark);
-    match access::review(&kube, &needed).await {
+    match access::review(&kube, needed).await {
         Ok(answers) => {
             for (permission, allowed) in answers {
                 let item = format!("kubernetes: {permission}");
@@ -31,7 +58,7 @@ pub(super) async fn check(report: &mut Report, config: &IngestConfig) {
                     report.fail(
                         item,
                         Fault::Configuration,
-                        "not granted: add it to the ingest's Role (deploy/base/rbac.yaml, or the chart's)",
+                        format!("not granted: add it to {role}"),
                     );
                 }
             }

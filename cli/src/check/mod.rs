@@ -14,6 +14,7 @@ use std::fmt;
 use clap::{Args, Subcommand};
 use podstream_bus::fault::{Classified, Fault};
 
+use crate::stages::collect::CollectArgs;
 use crate::stages::ingest::IngestArgs;
 use crate::stages::process::ProcessArgs;
 use crate::stages::sink::SinkArgs;
@@ -37,6 +38,8 @@ enum Component {
     Process(ProcessArgs),
     /// The sink: NATS, its streams, the database and the role's privileges.
     Sink(SinkArgs),
+    /// The collector: NATS, its streams and buckets, its Kubernetes permissions on pods.
+    Collect(CollectArgs),
 }
 
 /// What one check found.
@@ -118,6 +121,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
             Component::Ingest(args) => ingest(args, &mut report).await,
             Component::Process(args) => process(args, &mut report).await,
             Component::Sink(args) => sink(args, &mut report).await,
+            Component::Collect(args) => collect(args, &mut report).await,
         }
         report
     });
@@ -156,7 +160,10 @@ async fn ingest(args: &IngestArgs, report: &mut Report) {
         &buckets,
     )
     .await;
-    kubernetes::check(report, &config).await;
+    let needed =
+        podstream_ingest::access::needed(&config.namespaces, config.lease.as_ref(), config.spark);
+    let role = "the ingest's Role (deploy/base/rbac.yaml, or the chart's)";
+    kubernetes::check(report, config.kube_context.as_deref(), &needed, role).await;
 }
 
 async fn process(args: &ProcessArgs, report: &mut Report) {
@@ -187,4 +194,24 @@ async fn sink(args: &SinkArgs, report: &mut Report) {
         .bus(args.nats.url(), args.nats.security.security());
     nats::check(report, &bus, service::CLIENT, &service::STREAMS, &[]).await;
     database::check(report, &target).await;
+}
+
+async fn collect(args: &CollectArgs, report: &mut Report) {
+    use podstream_collector::{pods, service};
+    let Some(config) = configured(report, args.config()) else {
+        return;
+    };
+    let buckets = [config.bucket.as_str(), config.records_bucket.as_str()];
+    nats::check(
+        report,
+        &config.bus,
+        service::CLIENT,
+        &service::STREAMS,
+        &buckets,
+    )
+    .await;
+    let needed = kubernetes::on_pods(&pods::verbs(&config.settings), &config.settings.namespaces);
+    let role = "the collector's Role (deploy/collector/rbac.yaml, or the chart's)";
+    let context = args.kube.context.kube_context.as_deref();
+    kubernetes::check(report, context, &needed, role).await;
 }

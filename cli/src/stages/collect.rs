@@ -11,7 +11,7 @@ use crate::args::stream::{AckWaitArgs, NatsArgs, StreamArgs};
 /// Flags of `podstream collect`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  podstream collect --nats nats://nats:4222\n  podstream collect --nats nats://nats:4222 --delete-worker-pods-on-failure true --collect-live-pods    # with process --require-signed-pods"
+    after_help = "Examples:\n  podstream collect --nats nats://nats:4222 --namespaces airflow\n  podstream collect --nats nats://nats:4222 --delete-worker-pods-on-failure true --collect-live-pods    # with process --require-signed-pods"
 )]
 pub struct CollectArgs {
     #[command(flatten)]
@@ -21,7 +21,7 @@ pub struct CollectArgs {
     #[command(flatten)]
     pub streams: StreamArgs,
     #[command(flatten)]
-    pub kube: crate::args::kube::KubeContextArgs,
+    pub kube: crate::args::kube::KubeArgs,
     #[command(flatten)]
     pub collection: CollectionArgs,
     /// Durable consumer name.
@@ -62,7 +62,7 @@ impl CollectArgs {
             records_bucket: self.process_bucket.clone().unwrap_or_else(|| {
                 subjects.resource_name(podstream_processor::service::BUCKET_ROLE)
             }),
-            settings: self.collection.settings(),
+            settings: self.collection.settings(self.kube.namespaces()),
             concurrency: self.concurrency,
             failover: std::time::Duration::from_secs(self.failover_seconds.max(1)),
             ack_wait: self.ack_wait.ack_wait(),
@@ -81,7 +81,8 @@ pub fn run(args: &CollectArgs) -> anyhow::Result<()> {
             ..args.config()?
         };
         let kube =
-            podstream_ingest::service::kube_client(args.kube.kube_context.as_deref()).await?;
+            podstream_ingest::service::kube_client(args.kube.context.kube_context.as_deref())
+                .await?;
         let stats = args
             .shutdown
             .run(|shutdown| service::run(config, kube, shutdown))

@@ -104,7 +104,7 @@ impl RunArgs {
             collect: self.collect_pods.then(|| CollectConfig {
                 bucket: subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
                 records_bucket: subjects.resource_name(BUCKET_ROLE),
-                settings: self.collection.settings(),
+                settings: self.collection.settings(self.kube.namespaces()),
                 ack_wait: self.ack_wait.ack_wait(),
                 ..CollectConfig::default()
             }),

@@ -74,6 +74,8 @@ metadata:
     checkov.io/skip1: CKV_K8S_43=the image is named by release tag in the chart's values; set image.digest once your registry holds it
 {{- if eq $component "ingest" }}
     checkov.io/skip2: CKV_K8S_38=the ingest lists and watches pods and holds a Lease, so it needs its token (RBAC in rbac.yaml)
+{{- else if eq $component "collect" }}
+    checkov.io/skip2: CKV_K8S_38=the collector deletes worker pods, so it needs its token (RBAC in rbac.yaml)
 {{- end }}
 spec:
   replicas: {{ index . 2 }}
