@@ -891,6 +891,13 @@ fn the_chart_collector_follows_its_values() {
     );
     let refused = helm_template("podstream", None, &["collector.enable=true"]).unwrap_err();
     assert!(refused.contains("enable"), "{refused}");
+    let unsigned = [
+        "collector.enabled=true",
+        "collector.livePods=true",
+        "taskFailures=sink",
+    ];
+    let refused = helm_template("podstream", None, &unsigned).unwrap_err();
+    assert!(refused.contains("needs signed pods"), "{refused}");
 }
 
 /// Every Secret the install mounts (the overlays' volumes, podstream's chart with the values
@@ -900,12 +907,25 @@ fn the_chart_collector_follows_its_values() {
 #[test]
 fn the_install_page_creates_every_secret_the_install_mounts() {
     let page = std::fs::read_to_string(workspace_root().join("docs/install.md")).unwrap();
-    let created: std::collections::BTreeSet<String> = page
+    // Each Secret a step creates, with the keys it gives it.
+    let joined = page.replace("\\\n", " ");
+    let keys: std::collections::BTreeMap<String, Vec<String>> = joined
         .lines()
         .filter_map(|line| line.split_once("create secret generic "))
-        .filter_map(|(_, rest)| rest.split_whitespace().next())
-        .map(str::to_owned)
+        .filter_map(|(_, rest)| {
+            let mut words = rest.split_whitespace();
+            let name = words.next()?.to_owned();
+            let keys = words
+                .filter_map(|w| {
+                    w.strip_prefix("--from-file=")
+                        .or_else(|| w.strip_prefix("--from-literal="))
+                })
+                .filter_map(|w| w.split_once('=').map(|(key, _)| key.to_owned()))
+                .collect();
+            Some((name, keys))
+        })
         .collect();
+    let created: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
     let mut mounted = std::collections::BTreeSet::new();
     for (_, rest) in page
         .match_indices("secretName: ")
@@ -944,9 +964,28 @@ fn the_install_page_creates_every_secret_the_install_mounts() {
     std::fs::write(&values, page_values(&page)).unwrap();
     let from_chart = helm_template("podstream", Some(&values), &[]).unwrap();
     let deployments = of_kind(&from_chart, "Deployment");
-    assert_eq!(deployments.len(), 3, "the page's values install the chart");
+    assert_eq!(
+        deployments.len(),
+        4,
+        "the page's values install the chart, the collector with it"
+    );
     for deployment in deployments {
         let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+        // Each key a pod takes from a Secret is one the page puts there.
+        for volume in volumes.as_array().into_iter().flatten() {
+            let Some(secret) = volume["secret"]["secretName"].as_str() else {
+                continue;
+            };
+            for item in volume["secret"]["items"].as_array().into_iter().flatten() {
+                let key = item["key"].as_str().unwrap();
+                assert!(
+                    keys.get(secret)
+                        .is_some_and(|given| given.iter().any(|k| k == key)),
+                    "{}: key {key} of Secret {secret}, which the page does not give",
+                    deployment["metadata"]["name"]
+                );
+            }
+        }
         mounted.extend(
             volumes
                 .as_array()
@@ -987,7 +1026,7 @@ fn the_install_pages_checks_run_with_each_components_own_arguments() {
         .filter_map(|l| l.split_once(" -- podstream check "))
         .map(|(_, args)| args.split_whitespace().collect())
         .collect();
-    assert_eq!(checks.len(), 3, "one check per component:\n{checks:?}");
+    assert_eq!(checks.len(), 4, "one check per component:\n{checks:?}");
     let dir = tempfile::tempdir().unwrap();
     let values = dir.path().join("podstream-values.yaml");
     std::fs::write(&values, page_values(&page)).unwrap();

@@ -360,6 +360,14 @@ fn the_install_page_runs_as_written() {
         "the failure came from podstream\n{log}"
     );
 
+    // The collector ran as its pod would: under its own NATS user it took every command.
+    let (last, delivered) = collector_progress(&nats, &passwords["collect"], &pki);
+    assert!(
+        last > 0 && delivered == last,
+        "the collector took {delivered} of {last} commands\n{}",
+        real.logs_of("podstream-collect").join("\n")
+    );
+
     // Step 5: each component's check, as the page runs it in its pod.
     let plane = real.control_plane().unwrap();
     for line in page.lines() {
@@ -391,6 +399,41 @@ fn the_install_page_runs_as_written() {
     }
 }
 
+/// The commands stream's last sequence and the last the collector's consumer was given, once
+/// it has been given them all or 30 s passed: asked as the collector's user over TLS.
+fn collector_progress(nats: &str, password: &str, pki: &Pki) -> (u64, u64) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = async_nats::ConnectOptions::with_user_and_password(
+            "podstream-collect".to_owned(),
+            password.to_owned(),
+        )
+        .add_root_certificates(pki.path("ca.pem"))
+        .require_tls(true)
+        .custom_inbox_prefix("_INBOX_podstream-collect")
+        .connect(
+            nats.split(',')
+                .map(|url| url.parse::<async_nats::ServerAddr>().unwrap())
+                .collect::<Vec<_>>()
+                .as_slice(),
+        )
+        .await
+        .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut stream = js.get_stream("PODSTREAM_COMMANDS").await.unwrap();
+            let last = stream.info().await.unwrap().state.last_sequence;
+            let info = stream.consumer_info("podstream-collect").await.unwrap();
+            let delivered = info.delivered.stream_sequence;
+            if (last > 0 && delivered == last) || std::time::Instant::now() > deadline {
+                return (last, delivered);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
 /// The stage's PostgreSQL superuser's password, from its URL.
 fn real_password(real: &RealAirflow) -> String {
     let url = real.database_url();
@@ -417,7 +460,8 @@ fn deployments(plane: &ControlPlane) -> Vec<Value> {
     assert!(ok, "{err}");
     let list: Value = serde_json::from_str(&out).unwrap();
     let items = list["items"].as_array().unwrap().clone();
-    assert_eq!(items.len(), 3, "{out}");
+    // ingest, process, sink and the collector.
+    assert_eq!(items.len(), 4, "{out}");
     items
 }
 
