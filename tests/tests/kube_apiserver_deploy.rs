@@ -578,7 +578,7 @@ fn every_overlay_and_component_passes_a_server_side_dry_run() {
     let with_monitoring = overlay_dir("podstream-dry-run-");
     std::fs::write(
         with_monitoring.path().join("kustomization.yaml"),
-        "resources:\n  - ../../deploy/overlays/podstream-executor\ncomponents:\n  - ../../deploy/monitoring\n",
+        "resources:\n  - ../../deploy/overlays/podstream-executor\ncomponents:\n  - ../../deploy/monitoring\n  - ../../deploy/collector\n",
     )
     .unwrap();
     let root = workspace_root();
@@ -632,10 +632,11 @@ fn install_monitoring_crds(plane: &ControlPlane) {
 }
 
 /// deploy/chart installed with Helm as a second deployment (`prefix=airflow-b`, its own
-/// release, monitoring on): the ingest under the chart's ServiceAccount leads through the
+/// release, monitoring and the collector on): the ingest under the chart's ServiceAccount leads through the
 /// Lease the chart's Role names, with no patch, and publishes its selector's worker pod on
 /// the prefix's stream; `podstream check ingest` finds every permission for that prefix and
-/// none for another Lease; `helm uninstall` takes every object of the release away.
+/// none for another Lease; `podstream check collect` finds the collector's delete in the
+/// release's namespace only; `helm uninstall` takes every object of the release away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     let nats = NatsServer::start();
@@ -672,6 +673,8 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
         "monitoring.podMonitor.enabled=true",
         "--set",
         "monitoring.prometheusRule.enabled=true",
+        "--set",
+        "collector.enabled=true",
     ]);
     let listed = helm(&["list", "--output", "json"]);
     assert!(listed.contains("\"status\":\"deployed\""), "{listed}");
@@ -705,6 +708,51 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     assert!(
         failed.iter().all(|l| l.contains("\"airflow-c-ingest\"")),
         "{report}"
+    );
+
+    // `podstream check collect` under the collector's account: delete granted in the
+    // release's namespace; patch (labelling pods done) and any other namespace are not.
+    let collector = plane.service_account_kubeconfig(&namespace, "airflow-b-podstream-collect");
+    let check_collect = |more: &[&str]| {
+        let output = Command::new(podstream_binary())
+            .args([
+                "check",
+                "collect",
+                "--nats",
+                &nats.url(),
+                "--prefix",
+                "airflow-b",
+            ])
+            .args(more)
+            .env("KUBECONFIG", &collector)
+            .env_remove("PODSTREAM_STREAM_REPLICAS")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, report) = check_collect(&["--namespaces", &namespace]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains(&format!(
+            "ok    kubernetes: delete pods in namespace {namespace}"
+        )),
+        "{report}"
+    );
+    let (code, report) = check_collect(&[
+        "--namespaces",
+        &format!("{namespace},elsewhere"),
+        "--delete-worker-pods",
+        "false",
+    ]);
+    assert_eq!(code, Some(78), "{report}");
+    let failed: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(
+        failed.len(),
+        3,
+        "patch here, delete and patch elsewhere: {report}"
     );
 
     leads_as_airflow_b(plane, &js, &namespace, &kubeconfig, &nats.url()).await;
