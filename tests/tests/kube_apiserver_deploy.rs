@@ -632,9 +632,9 @@ fn install_monitoring_crds(plane: &ControlPlane) {
 }
 
 /// deploy/chart installed with Helm as a second deployment (`prefix=airflow-b`, its own
-/// release, monitoring and the collector on): the ingest under the chart's ServiceAccount leads through the
-/// Lease the chart's Role names, with no patch, and publishes its selector's worker pod on
-/// the prefix's stream; `podstream check ingest` finds every permission for that prefix and
+/// release, monitoring and the collector on): the ingest under the chart's ServiceAccount
+/// leads through the Lease the chart's Role names, with no patch, and publishes its
+/// selector's worker pod on the prefix's stream; `podstream check ingest` finds every permission for that prefix and
 /// none for another Lease; `podstream check collect` finds the collector's delete in the
 /// release's namespace only; `helm uninstall` takes every object of the release away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
