@@ -21,7 +21,8 @@ pub fn verbs(settings: &crate::rule::Settings) -> Vec<&'static str> {
 }
 
 /// What the API server did with a delete or a label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Answer {
     /// Done as asked.
     Done,
@@ -43,6 +44,12 @@ impl Answer {
             Answer::Replaced => "replaced",
             Answer::Changed => "changed",
         }
+    }
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

@@ -55,7 +55,8 @@ impl Default for Settings {
 }
 
 /// Why a pod is collected: the label of the collector's counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// Its try ended.
     Finished,
@@ -73,6 +74,12 @@ impl Reason {
             Reason::Duplicate => "duplicate",
             Reason::Stale => "stale",
         }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

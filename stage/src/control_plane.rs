@@ -82,6 +82,8 @@ pub struct Audited {
     pub name: String,
     /// The answer's HTTP status.
     pub code: u16,
+    /// When the API server logged it (the answer started or completed).
+    pub at: Option<time::OffsetDateTime>,
 }
 
 /// The user the admin token authenticates as (in `system:masters`).
@@ -391,6 +393,11 @@ impl ControlPlane {
                         .and_then(serde_json::Value::as_u64)
                         .and_then(|c| u16::try_from(c).ok())
                         .unwrap_or_default(),
+                    at: time::OffsetDateTime::parse(
+                        &text("/stageTimestamp"),
+                        &time::format_description::well_known::Rfc3339,
+                    )
+                    .ok(),
                 }
             })
             .collect()

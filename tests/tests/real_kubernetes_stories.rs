@@ -5,7 +5,8 @@
 //! story is the same as on the simulator (tests/tests/stock_airflow.rs and
 //! podstream_stories.rs): the story outcomes do not hang on the simulator's own answers. The
 //! audit log counts who deleted each pod: with podstream's collector every ended pod is deleted
-//! by exactly one DELETE (no 404) and the schedulers send none; the stock count is printed.
+//! by exactly one DELETE (no 404) and the schedulers send none; the stock count is printed, and
+//! for both the seconds from each pod's end to its deletion.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -29,9 +30,19 @@ fn side_by_side(story: Story, stock: &[&str]) {
     );
     assert_eq!(state, "success", "{}", real.timeline());
     assert_eq!(real.markers(), stock, "{}", real.timeline());
+    // The run can end before the scheduler has handled its pod's end: a fair count waits for
+    // the pods to go, or for a while when stock leaves one.
+    let settled = Instant::now() + Duration::from_secs(10);
+    while !worker_pods(&real).is_empty() && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(500));
+    }
     println!(
         "stock DELETEs per pod: {:?}",
         deletes_by(&real, Deleter::Scheduler)
+    );
+    println!(
+        "stock seconds from a pod's end to its DELETE: {:?}",
+        end_to_delete(&real, Deleter::Scheduler)
     );
     drop(real);
 
@@ -46,6 +57,53 @@ fn side_by_side(story: Story, stock: &[&str]) {
         panic!("{why}\n{}", real.timeline());
     }
     every_ended_pod_deleted_once(&real);
+    println!(
+        "podstream seconds from a pod's end to its DELETE: {:?}",
+        end_to_delete(&real, Deleter::Podstream)
+    );
+}
+
+/// Seconds from each pod's last status write by the kubelet (its end, for a pod that ran to
+/// it) to `who`'s first DELETE of it: how long an ended pod stays. Printed for BENCHMARKS.md,
+/// never asserted.
+fn end_to_delete(real: &RealAirflow, who: Deleter) -> BTreeMap<String, f64> {
+    let Some(plane) = real.control_plane() else {
+        return BTreeMap::new();
+    };
+    let audit = plane.audit();
+    let user = |d: Deleter| format!("system:serviceaccount:airflow:{}", d.account());
+    let mut seconds = BTreeMap::new();
+    let deletes = audit
+        .iter()
+        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.user == user(who));
+    for delete in deletes {
+        let Some(deleted) = delete.at else {
+            continue;
+        };
+        if seconds.contains_key(&delete.name) {
+            continue;
+        }
+        let ended = audit
+            .iter()
+            .filter(|r| r.resource == "pods/status" && r.name == delete.name)
+            .filter(|r| r.user == user(Deleter::Kubelet) && r.verb != "get")
+            .filter_map(|r| r.at)
+            .filter(|at| *at <= deleted)
+            .max();
+        if let Some(ended) = ended {
+            seconds.insert(delete.name.clone(), (deleted - ended).as_seconds_f64());
+        }
+    }
+    seconds
+}
+
+/// The names of the worker pods there now.
+fn worker_pods(real: &RealAirflow) -> Vec<String> {
+    real.pods()
+        .iter()
+        .filter(|p| p["metadata"]["namespace"] == "airflow")
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The answers to `who`'s DELETEs, by pod.
@@ -65,12 +123,7 @@ fn deletes_by(real: &RealAirflow, who: Deleter) -> BTreeMap<String, Vec<u16>> {
 fn every_ended_pod_deleted_once(real: &RealAirflow) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let left: Vec<String> = real
-            .pods()
-            .iter()
-            .filter(|p| p["metadata"]["namespace"] == "airflow")
-            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-            .collect();
+        let left = worker_pods(real);
         if left.is_empty() {
             break;
         }
@@ -111,6 +164,15 @@ fn seed_001_adoption_on_a_real_api_server() {
 fn seed_002_restart_on_a_real_api_server() {
     let (_, callbacks) = Story::Restart.right_ending(Airflow::line("3.1"));
     side_by_side(Story::Restart, callbacks);
+}
+
+/// Seed 002's sequel, apache/airflow#57553: the scheduler is killed, the task succeeds while
+/// none runs, a new scheduler starts. Stock leaves the completed pod; the collector deletes
+/// it once.
+#[test]
+fn succeeds_while_down_on_a_real_api_server() {
+    let (_, callbacks) = Story::SucceedsWhileDown.right_ending(Airflow::line("3.1"));
+    side_by_side(Story::SucceedsWhileDown, callbacks);
 }
 
 /// Seed 003: a second pod for the running task fails; Airflow 3.1's stock executor fails

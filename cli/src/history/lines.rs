@@ -23,7 +23,7 @@ pub fn describe(
         .map(|(owner, _)| owner)
         .unwrap_or_default();
     let role = role.unwrap_or("event");
-    if subject.starts_with(COLLECTED_SUBJECTS) {
+    if podstream_collector::collected::is_entry(subjects, subject) {
         return match Collected::decode(payload) {
             Ok(collected) => collected_line(&collected, subject, as_json),
             Err(error) => undecodable(subject, &error.to_string(), as_json),
@@ -133,10 +133,6 @@ pub fn command_line(command: &Command, subject: &str, as_json: bool) -> String {
         line.kind, pod.namespace, pod.name, command.owner
     ))
 }
-
-/// The start of the subjects of a KV bucket's entries: the collector's bucket of pods
-/// collected is the one `tail` and `replay` read.
-const COLLECTED_SUBJECTS: &str = "$KV.";
 
 /// A pod the collector deleted or labelled done, as a line of text or JSON.
 pub fn collected_line(collected: &Collected, subject: &str, as_json: bool) -> String {

@@ -163,9 +163,31 @@ impl TaskFilter {
     }
 }
 
+/// Which of the three readers a message comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The pod-events stream.
+    Pods,
+    /// The commands stream.
+    Commands,
+    /// The collector's bucket of pods collected.
+    Collected,
+}
+
+impl Source {
+    /// Its name in the progress bar, the text lines' `p#`/`c#` marks and the timeline.
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Pods => "pods",
+            Source::Commands => "commands",
+            Source::Collected => "collected",
+        }
+    }
+}
+
 /// One replayed message.
 struct Entry {
-    stream: &'static str,
+    stream: Source,
     sequence: u64,
     time: OffsetDateTime,
     subject: String,
@@ -208,7 +230,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             if let Some(decide) = decide.as_mut()
                 && !left
             {
-                let found = if entry.stream == "pods" {
+                let found = if entry.stream == Source::Pods {
                     PodEvent::decode(entry.payload.as_ref())
                         .map(|event| decide.event(&event))
                         .unwrap_or_default()
@@ -250,7 +272,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             } else {
                 println!(
                     "{when} {:<8} {line}",
-                    format!("{}#{}", &entry.stream[..1], entry.sequence)
+                    format!("{}#{}", &entry.stream.as_str()[..1], entry.sequence)
                 );
             }
             printed += 1;
@@ -304,21 +326,25 @@ impl Entry {
     /// (the command itself is on the new owner's subject).
     fn add_to(&self, timeline: &mut Timeline) {
         let at = (self.time.unix_timestamp_nanos() / 1_000_000) as i64;
-        if self.stream == "pods" {
-            match PodEvent::decode(self.payload.as_ref()) {
+        let unreadable = |timeline: &mut Timeline| {
+            timeline.unreadable(at, self.stream.as_str(), self.sequence);
+        };
+        match self.stream {
+            Source::Pods => match PodEvent::decode(self.payload.as_ref()) {
                 Ok(event) => timeline.pod_event(at, self.sequence, &event),
-                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
-            }
-        } else if self.stream == "collected" {
-            match Collected::decode(self.payload.as_ref()) {
+                Err(_) => unreadable(timeline),
+            },
+            Source::Collected => match Collected::decode(self.payload.as_ref()) {
                 Ok(collected) => timeline.collected(at, &collected),
-                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
+                Err(_) => unreadable(timeline),
+            },
+            Source::Commands if self.role.as_deref() != Some(Role::Left.as_str()) => {
+                match Command::decode(self.payload.as_ref()) {
+                    Ok(command) => timeline.command(at, self.sequence, &command),
+                    Err(_) => unreadable(timeline),
+                }
             }
-        } else if self.role.as_deref() != Some(Role::Left.as_str()) {
-            match Command::decode(self.payload.as_ref()) {
-                Ok(command) => timeline.command(at, self.sequence, &command),
-                Err(_) => timeline.unreadable(at, self.stream, self.sequence),
-            }
+            Source::Commands => {}
         }
     }
 }
@@ -347,7 +373,7 @@ impl History {
             (Position::Sequence(_), None) => OffsetDateTime::now_utc(),
         };
         let mut pods = match pods_start {
-            Some((start, _)) => Reader::open(js, &pods_name, "pods", start, until).await?,
+            Some((start, _)) => Reader::open(js, &pods_name, Source::Pods, start, until).await?,
             None => Reader::Empty,
         };
         // A pod-event sequence says nothing about the other streams' sequences: they stop at
@@ -358,12 +384,12 @@ impl History {
         });
         // Then, from the same time on: the commands, and the pods the collector collected.
         let by_time = [
-            (subjects.stream_name(Stream::Commands), "commands"),
+            (subjects.stream_name(Stream::Commands), Source::Commands),
             (
                 podstream_bus::streams::bucket_stream(
                     &subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
                 ),
-                "collected",
+                Source::Collected,
             ),
         ];
         let first = pods.next().await?;
@@ -432,7 +458,7 @@ enum Reader {
 
 /// A stream being read.
 struct Reading {
-    label: &'static str,
+    label: Source,
     messages: history::History,
     until: Option<Position>,
     progress: indicatif::ProgressBar,
@@ -443,7 +469,7 @@ impl Reader {
     async fn open(
         js: &jetstream::Context,
         name: &str,
-        label: &'static str,
+        label: Source,
         start: Start,
         until: Option<Position>,
     ) -> anyhow::Result<Reader> {
@@ -467,7 +493,7 @@ impl Reader {
             Some(state.messages),
             indicatif::ProgressDrawTarget::stderr(),
         )
-        .with_message(label);
+        .with_message(label.as_str());
         let messages = history::History::new(&js.client(), name, start, last);
         Ok(Reader::Reading(Box::new(Reading {
             label,
@@ -504,7 +530,7 @@ impl Reader {
         }
         progress.inc(1);
         Ok(Some(Entry {
-            stream: label,
+            stream: *label,
             sequence,
             time,
             subject: message.subject.to_string(),
@@ -524,19 +550,17 @@ impl Reader {
 }
 
 /// The task and pod name a message is about.
-fn identify(payload: &[u8], stream: &str) -> (Option<TaskKey>, Option<String>) {
-    if stream == "pods" {
-        PodEvent::decode(payload)
+fn identify(payload: &[u8], stream: Source) -> (Option<TaskKey>, Option<String>) {
+    match stream {
+        Source::Pods => PodEvent::decode(payload)
             .map(|e| (e.task, e.pod.map(|p| p.name)))
-            .unwrap_or_default()
-    } else if stream == "collected" {
-        Collected::decode(payload)
+            .unwrap_or_default(),
+        Source::Collected => Collected::decode(payload)
             .map(|c| (Some(c.ti), Some(c.pod.name)))
-            .unwrap_or_default()
-    } else {
-        Command::decode(payload)
+            .unwrap_or_default(),
+        Source::Commands => Command::decode(payload)
             .map(|c| (c.task, c.pod.map(|p| p.name)))
-            .unwrap_or_default()
+            .unwrap_or_default(),
     }
 }
 

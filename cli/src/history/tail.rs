@@ -48,10 +48,7 @@ pub fn run(args: &TailArgs) -> anyhow::Result<()> {
             .await
             .context("subscribing to commands")?;
         // The pods the collector collected: its bucket's entries (all schedulers').
-        let collected_subjects = format!(
-            "$KV.{}.>",
-            subjects.resource_name(podstream_collector::service::BUCKET_ROLE)
-        );
+        let collected_subjects = podstream_collector::collected::entry_filter(&subjects);
         let collected = client
             .subscribe(collected_subjects.clone())
             .await

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::CollectConfig;
 use super::start::Started;
-use crate::collected::{self, Collected};
+use crate::collected::{self, Action, Collected};
 use crate::pods::{self, Answer};
 use crate::rule::{self, Look, Reason, Settings, Verdict};
 use crate::stats::CollectStats;
@@ -130,22 +130,6 @@ impl Handler for CommandHandler<'_> {
 
     async fn after(&mut self, one: CollectStats) {
         self.stats += one;
-    }
-}
-
-/// What the collector does to a pod: the `action` label of its counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Deleted,
-    LabelledDone,
-}
-
-impl Action {
-    fn as_str(self) -> &'static str {
-        match self {
-            Action::Deleted => "deleted",
-            Action::LabelledDone => "labelled_done",
-        }
     }
 }
 
@@ -286,10 +270,7 @@ impl Collector {
             action,
             driver,
         } = what;
-        let Some(key) = collected::key(&pod.uid) else {
-            warn!(pod = %pod, uid = %pod.uid, "a pod uid no KV key can hold; left alone");
-            return Acted::Done;
-        };
+        let key = collected::key(&pod.uid);
         match self.collected.get(&key).await {
             Ok(Some(_)) => return Acted::Done,
             Ok(None) => {}
@@ -329,9 +310,9 @@ impl Collector {
         let record = Collected {
             pod: pod.clone(),
             ti: task.clone(),
-            reason: reason.as_str().to_owned(),
-            action: action.as_str().to_owned(),
-            answer: answer.as_str().to_owned(),
+            reason,
+            action,
+            answer,
             driver: driver.cloned(),
         };
         if let Err(error) = self.collected.put(&key, record.encode().into()).await {
