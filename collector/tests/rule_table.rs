@@ -85,6 +85,17 @@ fn two_live_pods() -> Vec<PodEvent> {
     ]
 }
 
+/// apache/airflow#69760 on Airflow 3: two live pods of one try, `a` launched for a task
+/// instance UUID that a second scheduler's `b` made obsolete; `b` (newer) drives.
+fn obsolete_uuid() -> Vec<PodEvent> {
+    vec![
+        ev(Added, Running, "a", 1).ti_id("0190a0a0-0000-7000-8000-00000000000a"),
+        ev(Added, Running, "b", 2)
+            .created(5_000)
+            .ti_id("0190a0a0-0000-7000-8000-00000000000b"),
+    ]
+}
+
 /// Try 1's pod `a` still runs when try 2's pod `c` runs.
 fn try_2_runs() -> Vec<PodEvent> {
     vec![ev(Added, Running, "a", 1), try_2(Added, Running, "c", 2)]
@@ -211,6 +222,22 @@ fn collection_table() {
         (
             "with signed pods a live loser is deleted after the grace period, on its resourceVersion",
             two_live_pods(),
+            "duplicate",
+            settings(true, false, true),
+            seconds(600),
+            vec!["delete a duplicate rv 1 for b"],
+        ),
+        (
+            "a live pod of an obsolete task-instance UUID is a losing duplicate, left live",
+            obsolete_uuid(),
+            "duplicate",
+            airflow_defaults(),
+            seconds(600),
+            vec!["wait a duplicate 60s"],
+        ),
+        (
+            "with signed pods the obsolete UUID's pod goes after the grace period",
+            obsolete_uuid(),
             "duplicate",
             settings(true, false, true),
             seconds(600),
