@@ -226,6 +226,11 @@ impl ControlPlane {
         plane
     }
 
+    /// The kube-apiserver process's id: its CPU time is in `/proc/<pid>/stat`.
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+
     /// The API server's URL (`https://127.0.0.1:PORT`).
     pub fn url(&self) -> &str {
         &self.url
