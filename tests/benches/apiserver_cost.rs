@@ -341,7 +341,7 @@ impl Ingest {
     /// Until it answers `/healthz` (the standby is alive but not ready: it does not watch).
     fn until_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !http_get(self.ops, "/healthz").is_some_and(|(status, _)| status == 200) {
+        while http_get(self.ops, "/healthz").is_none_or(|(status, _)| status != 200) {
             assert!(Instant::now() < deadline, "the ingest did not start");
             assert!(self.child.try_wait().unwrap().is_none(), "the ingest ended");
             std::thread::sleep(Duration::from_millis(100));
