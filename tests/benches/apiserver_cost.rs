@@ -19,7 +19,7 @@
 //!    - podstream: two `podstream ingest` processes electing a leader through their Lease, the
 //!      leader listing and watching every worker pod, publishing to a local nats-server;
 //! 3. per configuration: kube-apiserver's CPU seconds (`/proc/<pid>/stat`, from the watchers'
-//!    start to their stop), the pod watch events and bytes it sent and the bytes of its pod
+//!    start until a second after the churn), the pod watch events and bytes it sent and the bytes of its pod
 //!    LIST answers (its own `apiserver_watch_events_total`, `apiserver_watch_events_sizes_sum`
 //!    and `apiserver_response_sizes_sum`), its pod watches open at the churn's middle
 //!    (`apiserver_longrunning_requests`), and each above the unwatched churn; the
@@ -213,8 +213,8 @@ fn ratio(ours: f64, theirs: f64) -> f64 {
     }
 }
 
-/// One churn of `churned` pods under `watchers`, measured from the watchers' start to their
-/// stop.
+/// One churn of `churned` pods under `watchers`, measured from the watchers' start until a
+/// second after the churn.
 async fn measure(
     plane: &ControlPlane,
     admin: &kube::Client,
@@ -274,8 +274,12 @@ async fn measure(
             watches = apiserver_metrics(admin).await.watches;
         }
     }
-    // The last events reach their watchers.
+    // The last events reach their watchers; measured before any watcher stops (a stopping
+    // leader hands its Lease to the standby, which would list and watch again).
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(plane.apiserver_pid()) - cpu_before;
+    let after = apiserver_metrics(admin).await;
     stop.send_replace(true);
     for task in tasks {
         task.await.unwrap();
@@ -283,9 +287,6 @@ async fn measure(
     for mut ingest in ingests {
         ingest.stop();
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(plane.apiserver_pid()) - cpu_before;
-    let after = apiserver_metrics(admin).await;
     Cost {
         cpu_seconds: cpu,
         events: after.events - before.events,

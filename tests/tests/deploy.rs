@@ -96,20 +96,7 @@ fn every_overlay_renders_validates_and_keeps_the_promises() {
             .unwrap();
         let (file, objects) = render(overlay, dir.path());
 
-        run(Command::new(tool("kubernetes-validate"))
-            .args(["--strict", "--quiet", "-k", "1.32.0"])
-            .arg(&file));
-        let report = run(Command::new(tool("checkov"))
-            .args([
-                "--framework",
-                "kubernetes",
-                "--compact",
-                "--quiet",
-                "--skip-download",
-                "-d",
-            ])
-            .arg(dir.path()));
-        assert_clean(&report);
+        validate_and_check(&file, dir.path());
 
         let deployments = of_kind(&objects, "Deployment");
         let names: Vec<&str> = deployments
@@ -246,6 +233,26 @@ fn the_image_recipe_passes_checkov() {
             "-f",
         ])
         .arg(workspace_root().join("deploy/Dockerfile")));
+    assert_clean(&report);
+}
+
+/// The rendered `file` validates against Kubernetes 1.32's schemas, strictly, and checkov finds
+/// nothing in `scanned` (the file, or its dir).
+fn validate_and_check(file: &Path, scanned: &Path) {
+    run(Command::new(tool("kubernetes-validate"))
+        .args(["--strict", "--quiet", "-k", "1.32.0"])
+        .arg(file));
+    let scope = if scanned.is_dir() { "-d" } else { "-f" };
+    let report = run(Command::new(tool("checkov"))
+        .args([
+            "--framework",
+            "kubernetes",
+            "--compact",
+            "--quiet",
+            "--skip-download",
+            scope,
+        ])
+        .arg(scanned));
     assert_clean(&report);
 }
 
@@ -485,20 +492,7 @@ fn the_collector_component_may_delete_pods_and_nothing_else() {
     for overlay in ["podstream-executor", "stock-executor"] {
         let (dir, objects) = with_components(overlay, &["collector"], &images);
         let rendered = dir.path().join("rendered.yaml");
-        run(Command::new(tool("kubernetes-validate"))
-            .args(["--strict", "--quiet", "-k", "1.32.0"])
-            .arg(&rendered));
-        let report = run(Command::new(tool("checkov"))
-            .args([
-                "--framework",
-                "kubernetes",
-                "--compact",
-                "--quiet",
-                "--skip-download",
-                "-f",
-            ])
-            .arg(&rendered));
-        assert_clean(&report);
+        validate_and_check(&rendered, &rendered);
 
         // The overlay's own objects are as they were (the pod defaults, applied again to
         // them, change nothing).
