@@ -241,8 +241,16 @@ async fn measure(
             }
         }
         Watchers::Podstream => {
+            // A fresh deployment each round: under a prefix of its own it finds no checkpoint
+            // to catch up from (the stock watchers start from resourceVersion 0 too).
+            let prefix = format!("bench{round}");
             for replica in 0..2 {
-                ingests.push(Ingest::start(plane.admin_kubeconfig(), nats, replica));
+                ingests.push(Ingest::start(
+                    plane.admin_kubeconfig(),
+                    nats,
+                    &prefix,
+                    replica,
+                ));
             }
             for ingest in &mut ingests {
                 ingest.until_ready();
@@ -336,10 +344,10 @@ struct Ingest {
 }
 
 impl Ingest {
-    fn start(kubeconfig: &Path, nats: &NatsServer, replica: usize) -> Ingest {
+    fn start(kubeconfig: &Path, nats: &NatsServer, prefix: &str, replica: usize) -> Ingest {
         let ops = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
         let child = Command::new(podstream_binary())
-            .args(["ingest", "--nats", &nats.url()])
+            .args(["ingest", "--nats", &nats.url(), "--prefix", prefix])
             .args(["--namespaces", NAMESPACE, "--lease-namespace", NAMESPACE])
             .args(["--metrics-listen", &ops.to_string()])
             .env("KUBECONFIG", kubeconfig)
