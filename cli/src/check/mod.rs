@@ -1,7 +1,8 @@
 //! `podstream check <component> [its flags]`: from a component's own configuration (the same
 //! flags and environment its Deployment gives it), tries each thing it needs without changing
 //! anything (NATS login, its streams and buckets and their replicas, the Kubernetes
-//! permissions of the ingest, the sink's database privileges) and prints one line per item:
+//! permissions of the ingest and the collector, the sink's database privileges) and prints
+//! one line per item:
 //! `ok` with what it found, or `FAIL` with what to fix. The exit status is the first
 //! failure's kind (docs/reference.md, exit status).
 
