@@ -55,14 +55,40 @@ const PODS: (&str, &str) = ("", "pods");
 const LEASES: (&str, &str) = ("coordination.k8s.io", "leases");
 const SPARK_APPLICATIONS: (&str, &str) = ("sparkoperator.k8s.io", "sparkapplications");
 
-/// Every permission the ingest's calls use, for the namespaces it watches (none: all), its
-/// Lease (none: no election) and whether it watches Spark's objects.
-pub fn needed(namespaces: &[String], lease: Option<&LeaseConfig>, spark: bool) -> Vec<Permission> {
+/// `verbs` on pods in each of `namespaces` (none: every namespace): what the collector's calls
+/// use (`podstream check collect`), as the ingest's list and watch.
+pub fn on_pods(verbs: &[&'static str], namespaces: &[String]) -> Vec<Permission> {
+    in_namespaces(verbs, PODS, namespaces)
+}
+
+/// `verbs` on `resource`, unnamed, in each of `namespaces` (none: every namespace).
+fn in_namespaces(
+    verbs: &[&'static str],
+    (group, resource): (&'static str, &'static str),
+    namespaces: &[String],
+) -> Vec<Permission> {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
+    scopes
+        .into_iter()
+        .flat_map(|namespace| {
+            verbs.iter().map(move |&verb| Permission {
+                verb,
+                group,
+                resource,
+                namespace: namespace.clone(),
+                name: None,
+            })
+        })
+        .collect()
+}
+
+/// Every permission the ingest's calls use, for the namespaces it watches (none: all), its
+/// Lease (none: no election) and whether it watches Spark's objects.
+pub fn needed(namespaces: &[String], lease: Option<&LeaseConfig>, spark: bool) -> Vec<Permission> {
     let permission =
         |verb, (group, resource): (&'static str, &'static str), namespace, name| Permission {
             verb,
@@ -77,11 +103,7 @@ pub fn needed(namespaces: &[String], lease: Option<&LeaseConfig>, spark: bool) -
         watched.push(SPARK_APPLICATIONS);
     }
     for resource in watched {
-        for scope in &scopes {
-            for verb in ["list", "watch"] {
-                needed.push(permission(verb, resource, scope.clone(), None));
-            }
-        }
+        needed.extend(in_namespaces(&["list", "watch"], resource, namespaces));
     }
     if let Some(lease) = lease {
         let namespace = Some(lease.namespace.clone());

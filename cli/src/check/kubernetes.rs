@@ -8,27 +8,6 @@ use podstream_ingest::service::kube_client;
 
 use super::Report;
 
-/// The permissions on pods `verbs` in `namespaces` (none: every namespace).
-pub(super) fn on_pods(verbs: &[&'static str], namespaces: &[String]) -> Vec<Permission> {
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
-    };
-    scopes
-        .iter()
-        .flat_map(|scope| {
-            verbs.iter().map(|&verb| Permission {
-                verb,
-                group: "",
-                resource: "pods",
-                namespace: scope.clone(),
-                name: None,
-            })
-        })
-        .collect()
-}
-
 /// One line for the client, then one per permission in `needed`; `role` says where a missing
 /// one is granted.
 pub(super) async fn check(

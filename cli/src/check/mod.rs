@@ -211,7 +211,10 @@ async fn collect(args: &CollectArgs, report: &mut Report) {
         &buckets,
     )
     .await;
-    let needed = kubernetes::on_pods(&pods::verbs(&config.settings), &config.settings.namespaces);
+    let needed = podstream_ingest::access::on_pods(
+        &pods::verbs(&config.settings),
+        &config.settings.namespaces,
+    );
     let role = "the collector's Role (deploy/collector/rbac.yaml, or the chart's)";
     let context = args.kube.context.kube_context.as_deref();
     kubernetes::check(report, context, &needed, role).await;
