@@ -680,19 +680,35 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     assert!(listed.contains("\"status\":\"deployed\""), "{listed}");
 
     let kubeconfig = plane.service_account_kubeconfig(&namespace, "airflow-b-podstream-ingest");
-    // `podstream check ingest` under that account: every permission granted for the chart's
-    // prefix; under another prefix, the Lease's three verbs fail (exit 78).
-    let check = |prefix: &str| {
+    // `podstream check <args>` as the account of `account_kubeconfig`: its exit code and report.
+    let check_as = |account_kubeconfig: &Path, args: &[&str]| {
         let output = Command::new(podstream_binary())
-            .args(["check", "ingest", "--nats", &nats.url(), "--prefix", prefix])
-            .args(["--namespaces", &namespace, "--lease-namespace", &namespace])
-            .env("KUBECONFIG", &kubeconfig)
+            .arg("check")
+            .args(args)
+            .args(["--nats", &nats.url()])
+            .env("KUBECONFIG", account_kubeconfig)
             .env_remove("PODSTREAM_STREAM_REPLICAS")
             .output()
             .unwrap();
         (
             output.status.code(),
             String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    // `podstream check ingest` under that account: every permission granted for the chart's
+    // prefix; under another prefix, the Lease's three verbs fail (exit 78).
+    let check = |prefix: &str| {
+        check_as(
+            &kubeconfig,
+            &[
+                "ingest",
+                "--prefix",
+                prefix,
+                "--namespaces",
+                &namespace,
+                "--lease-namespace",
+                &namespace,
+            ],
         )
     };
     let (code, report) = check("airflow-b");
@@ -714,24 +730,11 @@ async fn the_chart_installs_and_its_ingest_leads_under_the_role_it_makes() {
     // release's namespace; patch (labelling pods done) and any other namespace are not.
     let collector = plane.service_account_kubeconfig(&namespace, "airflow-b-podstream-collect");
     let check_collect = |more: &[&str]| {
-        let output = Command::new(podstream_binary())
-            .args([
-                "check",
-                "collect",
-                "--nats",
-                &nats.url(),
-                "--prefix",
-                "airflow-b",
-            ])
-            .args(more)
-            .env("KUBECONFIG", &collector)
-            .env_remove("PODSTREAM_STREAM_REPLICAS")
-            .output()
-            .unwrap();
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-        )
+        let args: Vec<&str> = ["collect", "--prefix", "airflow-b"]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        check_as(&collector, &args)
     };
     let (code, report) = check_collect(&["--namespaces", &namespace]);
     assert_eq!(code, Some(0), "{report}");
