@@ -42,17 +42,30 @@ pub enum Doomed {
 /// Starts a watcher, in a session of its own, that kills `doomed` with SIGKILL once this
 /// process has ended. A test process killed outright (a CI timeout, a Ctrl-C on the suite)
 /// drops nothing, yet the servers it started must not outlive it; a watcher whose target
-/// already ended kills nothing of note and exits too.
+/// already ended kills nothing and exits too.
+///
+/// Pids wrap quickly on a test machine (`pid_max` is often 32768), so the watcher knows each
+/// process by its pid and its start time: an ended test's pid or an ended target's pid taken
+/// by the next test's process is neither waited for nor killed.
 pub fn kill_when_this_process_ends(doomed: Doomed) {
-    let target = match doomed {
-        Doomed::Process(pid) => pid.to_string(),
-        Doomed::Group(group) => format!("-{group}"),
+    let (pid, group) = match doomed {
+        Doomed::Process(pid) => (pid, ""),
+        Doomed::Group(leader) => (leader, "-"),
+    };
+    let Some(started) = start_time(pid) else {
+        return; // already gone: nothing to kill.
+    };
+    // A group outlives its leader only while it has members, and a pgid in use is never a
+    // new pid: with the leader gone, whatever still holds the group is ours.
+    let kill = match doomed {
+        Doomed::Process(_) => format!("same {pid} {started} && kill -9 {pid}"),
+        Doomed::Group(_) => format!(
+            "if [ -e /proc/{pid} ]; then same {pid} {started} && kill -9 -{pid}; \
+             else kill -9 -{pid}; fi"
+        ),
     };
     // dash, Debian's sh, takes no `--` before a negative (group) id.
-    when_this_process_ends(
-        &format!("kill -9 {target} 2>/dev/null"),
-        &format!("{doomed:?}"),
-    );
+    when_this_process_ends(&format!("{kill} 2>/dev/null"), &format!("{group}{pid}"));
 }
 
 /// Starts a watcher that removes `dir` once this process has ended (a shared server's data,
@@ -62,13 +75,31 @@ pub fn remove_when_this_process_ends(dir: &Path) {
     when_this_process_ends(&format!("sleep 2; rm -rf '{dir}'"), &dir.to_string());
 }
 
+/// A process's start time (clock ticks since boot, `/proc/<pid>/stat` field 22): with its pid,
+/// what tells it from a later process given the same pid.
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses; the fields after its last
+    // `)` start at field 3.
+    let (_, after_name) = stat.rsplit_once(") ")?;
+    after_name.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// The shell function `same PID START`: whether PID is still the process that started at
+/// START (the same reading as [`start_time`]).
+const SAME_PROCESS: &str =
+    "same() { [ \"$(sed 's/.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f20)\" = \"$2\" ]; }";
+
 /// Runs the shell command `then` once this process has ended, from a watcher in a session of
-/// its own: a signal to the test's process group does not end it first.
-fn when_this_process_ends(then: &str, what: &str) {
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {then}",
-        pid = std::process::id(),
-    );
+/// its own: a signal to the test's process group does not end it first. `then` may call
+/// `same` ([`SAME_PROCESS`]).
+pub(crate) fn when_this_process_ends(then: &str, what: &str) {
+    let me = std::process::id();
+    let Some(started) = start_time(me) else {
+        eprintln!("no watcher for {what}: /proc/{me}/stat is unreadable");
+        return;
+    };
+    let script = format!("{SAME_PROCESS}; while same {me} {started}; do sleep 1; done; {then}");
     let spawned = Command::new("setsid")
         .args(["sh", "-c", &script])
         .stdin(std::process::Stdio::null())
@@ -161,4 +192,40 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Whether the watcher's shell function takes `pid` for the process that started at `start`.
+    fn shell_says_same(pid: u32, start: &str) -> bool {
+        Command::new("sh")
+            .args(["-c", &format!("{SAME_PROCESS}; same {pid} {start}")])
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    #[test]
+    fn the_watcher_knows_a_process_by_pid_and_start_time() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let started = start_time(pid).expect("a live child has a start time");
+        let later: u64 = started.parse::<u64>().unwrap() + 1;
+        let verdicts = (
+            shell_says_same(pid, &started),
+            shell_says_same(pid, &later.to_string()),
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(verdicts, (true, false), "same pid, then a later start time");
+        assert!(
+            !shell_says_same(pid, &started),
+            "an ended process is not the same"
+        );
+        assert_eq!(start_time(pid), None);
+    }
 }

@@ -162,27 +162,16 @@ impl PgCluster {
         } else {
             ""
         };
-        let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
-             {runner}'{pg_ctl}' -D '{data}' -m immediate -w stop >/dev/null 2>&1; rm -rf '{dir}'",
-            pid = std::process::id(),
+        let then = format!(
+            "{runner}'{pg_ctl}' -D '{data}' -m immediate -w stop >/dev/null 2>&1; rm -rf '{dir}'",
             pg_ctl = pg_ctl.display(),
             data = self.dir.path().join("data").display(),
             dir = self.dir.path().display(),
         );
-        // Its own session: a signal to the test's process group does not end it first.
-        let spawned = Command::new("setsid")
-            .args(["sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        if let Err(error) = spawned {
-            eprintln!(
-                "no watcher for the PostgreSQL cluster at {}: {error}",
-                self.dir.path().display()
-            );
-        }
+        crate::when_this_process_ends(
+            &then,
+            &format!("the PostgreSQL cluster at {}", self.dir.path().display()),
+        );
     }
 
     fn pg_ctl_start(&self) {
