@@ -44,6 +44,10 @@ pub enum Dags {
     Failures,
     /// `podstream_launch_failures`: a task whose pods never start (image pull), one retry.
     LaunchFailures,
+    /// `podstream_load`: `$PODSTREAM_LOAD_TASKS` tasks whose pods sleep
+    /// `$PODSTREAM_LOAD_POD_SECONDS`, then fail without running the task (one retry, an hour
+    /// later), for the scheduler-load benchmark.
+    Load,
 }
 
 impl Dags {
@@ -53,6 +57,7 @@ impl Dags {
             Dags::Story => "story",
             Dags::Failures => "failures",
             Dags::LaunchFailures => "launch_failures",
+            Dags::Load => "load",
         };
         workspace_root().join("stage/airflow/dags").join(name)
     }
@@ -762,6 +767,16 @@ impl RealAirflow {
             .filter(|c| c.name == name)
             .map(|c| std::fs::read_to_string(&c.log).unwrap_or_default())
             .collect()
+    }
+
+    /// The pid of a component's process (the leader of its process group).
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.components.get(index).map(|c| c.child.id())
+    }
+
+    /// The pid of `podstream run`, with [`Executor::Podstream`].
+    pub fn podstream_pid(&self) -> Option<u32> {
+        self.podstream.as_ref().map(|p| p.child.id())
     }
 
     /// The index of the first component of that name.

@@ -1,0 +1,398 @@
+//! What a real Airflow scheduler spends per task, and how soon a failed pod's task instance
+//! moves, under load: the provider's `KubernetesExecutor` beside podstream's executor, one
+//! after the other in one run, on the same machine, DAG and simulator.
+//!
+//! `cargo bench -p podstream-tests --bench scheduler_load [-- --tasks N --in-flight P
+//! --pod-seconds S --rounds R]`, per executor and round (R rounds, 1, the order swapped each
+//! round):
+//! 1. a real Airflow (the newest supported release) on `podstream sim --kubelet`, PostgreSQL,
+//!    and for podstream's executor `podstream run` on a nats-server, as the stage runs them;
+//!    DAG `podstream_load` (stage/airflow/dags/load): N tasks (500), each pod's container
+//!    sleeping S seconds (40) then exiting 1 without running the task, so the executor's
+//!    report is what moves the TI (queued to `up_for_retry`, the retry an hour away);
+//! 2. with `default_pool` at 0 slots the scheduler schedules every TI and queues none; its
+//!    idle CPU is read over ten seconds; then the pool opens to P slots (200), which keeps P
+//!    pods in flight, failing at about P/S a second;
+//! 3. until every TI is `up_for_retry`: the scheduler's process group's CPU seconds (its own,
+//!    its executor's watcher process, all reaped children: `/proc/<pid>/stat`) per task, the
+//!    part of it in child processes (stock's `KubernetesJobWatcher`), that above its idle
+//!    rate, `podstream run`'s CPU per task, and per TI the time from the pod's `Failed` (seen
+//!    by a `kubectl get pods -w` beside it) to the TI's `end_date`, p50 and p99; then
+//!    podstream's over stock's, per round and the median of the rounds.
+//!
+//! Without `--bench` (as `cargo test --all-targets` runs it) it does a smoke run: podstream's
+//! executor, four tasks.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use podstream_stage::airflow::Airflow;
+use podstream_stage::real_airflow::{Dags, Executor, Kubernetes, RealAirflow};
+use podstream_tests::KubectlWatch;
+
+const DAG: &str = "podstream_load";
+
+/// The run's shape.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    tasks: usize,
+    in_flight: usize,
+    pod_seconds: u64,
+}
+
+/// What one executor's run measured.
+#[derive(Debug, Clone)]
+struct Measured {
+    executor: Executor,
+    drain_seconds: f64,
+    scheduler_cpu: f64,
+    /// The part of `scheduler_cpu` spent in the scheduler's child processes (the stock
+    /// executor's `KubernetesJobWatcher` is one).
+    children_cpu: f64,
+    idle_cpu_per_second: f64,
+    podstream_cpu: Option<f64>,
+    /// Seconds from each pod's `Failed` to its TI's `end_date`, sorted.
+    latencies: Vec<f64>,
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let args: Vec<String> = std::env::args().collect();
+    let number = |flag: &str, default: usize| -> usize {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(default)
+    };
+    let (load, executors, rounds) = if bench {
+        let load = Load {
+            tasks: number("--tasks", 500),
+            in_flight: number("--in-flight", 200),
+            pod_seconds: number("--pod-seconds", 40) as u64,
+        };
+        (
+            load,
+            vec![Executor::Stock, Executor::Podstream],
+            number("--rounds", 1),
+        )
+    } else {
+        let load = Load {
+            tasks: 4,
+            in_flight: 4,
+            pod_seconds: 2,
+        };
+        (load, vec![Executor::Podstream], 1)
+    };
+    println!(
+        "{} tasks, {} in flight, each pod failing after {} s; Airflow {}",
+        load.tasks,
+        load.in_flight,
+        load.pod_seconds,
+        Airflow::newest().short()
+    );
+    podstream_stage::use_podstream_binary(podstream_tests::bench_binary(bench));
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        // Each round swaps the order, so a drift of the machine hits both.
+        let mut order = executors.clone();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let mut measured: Vec<Measured> = order
+            .into_iter()
+            .map(|executor| {
+                let measured = run(executor, load);
+                println!("round {round}: {}", line(&measured, load));
+                measured
+            })
+            .collect();
+        measured.sort_by_key(|m| m.executor != Executor::Stock);
+        println!("\nround {round}:\n{}", table(&measured, load));
+        if let [stock, podstream] = &measured[..] {
+            ratios.push(Ratios::of(stock, podstream));
+            println!("{}\n", ratios[ratios.len() - 1]);
+        }
+    }
+    if ratios.len() > 1 {
+        println!(
+            "median of {} rounds: {}",
+            ratios.len(),
+            Ratios::median(&ratios)
+        );
+    }
+}
+
+fn run(executor: Executor, load: Load) -> Measured {
+    let settings = [
+        ("PODSTREAM_LOAD_TASKS", load.tasks.to_string()),
+        ("PODSTREAM_LOAD_POD_SECONDS", load.pod_seconds.to_string()),
+        ("AIRFLOW__CORE__PARALLELISM", load.in_flight.to_string()),
+        // The provider's default launches one pod per scheduler loop.
+        (
+            "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE",
+            "16".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut real = RealAirflow::set_up_with(
+        Airflow::newest(),
+        Dags::Load,
+        executor,
+        Kubernetes::Simulated,
+        settings,
+    );
+    real.set_default_pool_slots(0);
+    real.start_components();
+    let scheduled = format!(
+        "SELECT count(*) FROM task_instance WHERE dag_id = '{DAG}' AND state = 'scheduled'"
+    );
+    real.wait_until("every task scheduled", Duration::from_secs(600), |real| {
+        count(real, &scheduled) == load.tasks
+    });
+    let scheduler = real.pid(real.component("scheduler").unwrap()).unwrap();
+    let podstream = real.podstream_pid();
+
+    // The scheduler's own cost with nothing to launch: its loop, heartbeats, the DAG run.
+    let idle_from = (group_cpu_seconds(scheduler), Instant::now());
+    std::thread::sleep(Duration::from_secs(10));
+    let idle_cpu_per_second =
+        (group_cpu_seconds(scheduler) - idle_from.0) / idle_from.1.elapsed().as_secs_f64();
+
+    let failed = watch_failures(&real.kubeconfig);
+    let group_from = group_cpu_seconds(scheduler);
+    let own_from = own_cpu_seconds(scheduler);
+    let podstream_from = podstream.map(podstream_tests::cpu_seconds);
+    let started = Instant::now();
+    real.set_default_pool_slots(u32::try_from(load.in_flight).unwrap());
+    let retrying = format!(
+        "SELECT count(*) FROM task_instance WHERE dag_id = '{DAG}' AND state = 'up_for_retry'"
+    );
+    let waves = load.tasks.div_ceil(load.in_flight) as u64;
+    real.wait_until(
+        "every task up for retry",
+        Duration::from_secs(waves * (load.pod_seconds + 60) + 300),
+        |real| count(real, &retrying) == load.tasks,
+    );
+    let drain_seconds = started.elapsed().as_secs_f64();
+    let scheduler_cpu = group_cpu_seconds(scheduler) - group_from;
+    let children_cpu = scheduler_cpu - (own_cpu_seconds(scheduler) - own_from);
+    let podstream_cpu = podstream
+        .zip(podstream_from)
+        .map(|(pid, from)| podstream_tests::cpu_seconds(pid) - from);
+
+    let ended: BTreeMap<String, f64> = real
+        .query(&format!(
+            "SELECT task_id, extract(epoch FROM end_date) FROM task_instance \
+             WHERE dag_id = '{DAG}' AND state = 'up_for_retry'"
+        ))
+        .into_iter()
+        .filter_map(|row| Some((row.first()?.clone(), row.get(1)?.parse().ok()?)))
+        .collect();
+    let failed = std::mem::take(&mut *failed.lock().unwrap());
+    let mut latencies: Vec<f64> = ended
+        .iter()
+        .filter_map(|(task, end)| Some(end - failed.get(task)?))
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    assert_eq!(
+        latencies.len(),
+        load.tasks,
+        "a pod's Failed seen for every TI up for retry ({} of {})",
+        latencies.len(),
+        load.tasks
+    );
+    Measured {
+        executor,
+        drain_seconds,
+        scheduler_cpu,
+        children_cpu,
+        idle_cpu_per_second,
+        podstream_cpu,
+        latencies,
+    }
+}
+
+fn count(real: &RealAirflow, sql: &str) -> usize {
+    real.query(sql)
+        .first()
+        .and_then(|row| row.first())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Watches the worker pods and keeps, per task id, the wall-clock second its pod was first
+/// seen `Failed`, for as long as the stage lives.
+fn watch_failures(kubeconfig: &std::path::Path) -> Arc<Mutex<BTreeMap<String, f64>>> {
+    let failed: Arc<Mutex<BTreeMap<String, f64>>> = Arc::default();
+    let watch = KubectlWatch::start(
+        kubeconfig,
+        &["get", "pods", "-n", "airflow", "-w", "-o", "json"],
+    );
+    let seen = Arc::downgrade(&failed);
+    std::thread::spawn(move || {
+        loop {
+            let pod = watch.next();
+            let Some(seen) = seen.upgrade() else {
+                return; // the run is over.
+            };
+            let Some(pod) = pod else {
+                continue; // quiet for a while.
+            };
+            if pod["status"]["phase"] != "Failed" {
+                continue;
+            }
+            let Some(task) = pod["metadata"]["annotations"]["task_id"].as_str() else {
+                continue;
+            };
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            seen.lock()
+                .unwrap()
+                .entry(task.to_owned())
+                .or_insert(now.as_secs_f64());
+        }
+    });
+    failed
+}
+
+/// CPU seconds of every process in process group `group`, each with its reaped children.
+fn group_cpu_seconds(group: u32) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let fields = stat_fields(&stat)?;
+            (fields.get(2)?.parse::<u32>().ok()? == group).then(|| cpu_of(&fields))
+        })
+        .sum()
+}
+
+/// CPU seconds of process `pid` alone (its threads, not its children).
+fn own_cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let fields = stat_fields(&stat)?;
+            Some(cpu_of(&fields[..13]))
+        })
+        .unwrap_or(0.0)
+}
+
+/// The fields of a `/proc/<pid>/stat` after the command name's last `)`: state first, pgrp
+/// the 3rd, utime, stime, cutime and cstime the 12th to 15th.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().collect())
+}
+
+/// The CPU seconds in a process's stat fields: utime and stime, and cutime and cstime when
+/// given.
+fn cpu_of(fields: &[&str]) -> f64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64);
+    fields
+        .get(11..fields.len().min(15))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f.parse::<f64>().ok())
+        .sum::<f64>()
+        / ticks
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied().unwrap_or(f64::NAN)
+}
+
+fn name(executor: Executor) -> &'static str {
+    match executor {
+        Executor::Stock => "stock KubernetesExecutor",
+        Executor::Podstream => "PodstreamKubernetesExecutor",
+        Executor::Installed => "installed",
+    }
+}
+
+const HEADER: &str = "executor                     drain s  sched CPU s  CPU/task ms  children  idle CPU/s  podstream/task ms   p50 ms   p99 ms";
+
+fn line(m: &Measured, load: Load) -> String {
+    let per_task = |cpu: f64| cpu / load.tasks as f64 * 1000.0;
+    format!(
+        "{:<28} {:>7.1} {:>12.1} {:>12.1} {:>9.1} {:>11.3} {:>18} {:>8.0} {:>8.0}",
+        name(m.executor),
+        m.drain_seconds,
+        m.scheduler_cpu,
+        per_task(m.scheduler_cpu),
+        per_task(m.children_cpu),
+        m.idle_cpu_per_second,
+        m.podstream_cpu
+            .map_or_else(|| "-".to_owned(), |c| format!("{:.1}", per_task(c))),
+        percentile(&m.latencies, 0.5) * 1000.0,
+        percentile(&m.latencies, 0.99) * 1000.0,
+    )
+}
+
+fn table(measured: &[Measured], load: Load) -> String {
+    let mut table = HEADER.to_owned();
+    for m in measured {
+        table.push('\n');
+        table.push_str(&line(m, load));
+    }
+    table
+}
+
+/// podstream's executor over stock's, one round.
+#[derive(Debug, Clone, Copy)]
+struct Ratios {
+    cpu_per_task: f64,
+    cpu_above_idle: f64,
+    p50: f64,
+    p99: f64,
+}
+
+impl Ratios {
+    fn of(stock: &Measured, podstream: &Measured) -> Ratios {
+        let above_idle = |m: &Measured| m.scheduler_cpu - m.idle_cpu_per_second * m.drain_seconds;
+        let p = |m: &Measured, p: f64| percentile(&m.latencies, p);
+        Ratios {
+            cpu_per_task: podstream.scheduler_cpu / stock.scheduler_cpu,
+            cpu_above_idle: above_idle(podstream) / above_idle(stock),
+            p50: p(podstream, 0.5) / p(stock, 0.5),
+            p99: p(podstream, 0.99) / p(stock, 0.99),
+        }
+    }
+
+    fn median(all: &[Ratios]) -> Ratios {
+        let median = |pick: fn(&Ratios) -> f64| {
+            let mut values: Vec<f64> = all.iter().map(pick).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        Ratios {
+            cpu_per_task: median(|r| r.cpu_per_task),
+            cpu_above_idle: median(|r| r.cpu_above_idle),
+            p50: median(|r| r.p50),
+            p99: median(|r| r.p99),
+        }
+    }
+}
+
+impl std::fmt::Display for Ratios {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "podstream / stock: scheduler CPU per task {:.2}× ({:.2}× above each one's idle), \
+             p50 {:.2}×, p99 {:.2}×",
+            self.cpu_per_task, self.cpu_above_idle, self.p50, self.p99
+        )
+    }
+}
