@@ -13,7 +13,11 @@
 //!    waits for it and reads its rusage); every form must decide to the same output;
 //! 4. the ratio per form, and `decide`'s peak resident memory over 200,000 events;
 //! 5. the floor under any reader of each form: serde_json reading the file's values into
-//!    nothing (`IgnoredAny`), one thread, in this process.
+//!    nothing (`IgnoredAny`), one thread, in this process, the file read included;
+//! 6. per form, one thread, in this process, the text in memory: serde_json and sonic-rs
+//!    (SIMD) reading every value into nothing (`IgnoredAny`, the floor under any reader of
+//!    that library), sonic-rs locating the raw text of each field `decide` reads (`get_many`,
+//!    checked), and `decide`'s own reader projecting each event to its `PodEvent`.
 //!
 //! Rounds alternate between the two, so a slow moment of the machine hits both.
 //! `... --bench decide_vs_airflow -- --write-events FILE N` only writes N such events. Without
@@ -245,6 +249,61 @@ fn airflow_watcher(airflow: Airflow, home: &Path, events: &Path) -> (Run, Value)
 
 /// Events per second of serde_json reading `path`'s values into nothing, one thread: what
 /// merely reading that form as JSON costs, file read included.
+/// Events a second of each reader of one form's text, one thread, the text in memory.
+#[derive(Debug, Clone, Copy)]
+struct Readers {
+    /// serde_json reading every value into nothing (`IgnoredAny`): the floor under any
+    /// serde_json reader.
+    serde_json: f64,
+    /// sonic-rs (SIMD) reading every value into nothing.
+    sonic_rs: f64,
+    /// sonic-rs locating the raw text of each field `decide` reads (`get_many`, checked): the
+    /// floor under a projection built on it.
+    sonic_fields: f64,
+    /// `decide`'s own reader: each event projected to its `PodEvent` (`pod_json`).
+    projection: f64,
+}
+
+impl Readers {
+    fn describe(&self, airflow_rate: f64) -> String {
+        format!(
+            "in memory, one thread: serde_json reading it alone {:.0} events/s ({:.1}x), \
+             sonic-rs reading it alone {:.0} ({:.1}x), sonic-rs locating decide's fields {:.0} \
+             ({:.1}x), decide's projection {:.0} ({:.1}x)",
+            self.serde_json,
+            self.serde_json / airflow_rate,
+            self.sonic_rs,
+            self.sonic_rs / airflow_rate,
+            self.sonic_fields,
+            self.sonic_fields / airflow_rate,
+            self.projection,
+            self.projection / airflow_rate,
+        )
+    }
+}
+
+/// The paths of what `decide` reads in a watch event (`ingest/src/pod_json.rs`).
+const DECIDE_PATHS: &[&[&str]] = &[
+    &["type"],
+    &["object", "apiVersion"],
+    &["object", "kind"],
+    &["object", "metadata", "uid"],
+    &["object", "metadata", "namespace"],
+    &["object", "metadata", "name"],
+    &["object", "metadata", "resourceVersion"],
+    &["object", "metadata", "creationTimestamp"],
+    &["object", "metadata", "deletionTimestamp"],
+    &["object", "metadata", "labels"],
+    &["object", "metadata", "annotations"],
+    &["object", "spec", "containers"],
+    &["object", "status", "phase"],
+    &["object", "status", "reason"],
+    &["object", "status", "initContainerStatuses"],
+    &["object", "status", "containerStatuses"],
+];
+
+/// serde_json reading `path`'s values into nothing, one thread, the file read included: the
+/// floor under any reader of that form, whatever it then does.
 fn read_only_rate(path: &Path, events: usize) -> f64 {
     let start = Instant::now();
     let bytes = std::fs::read(path).unwrap();
@@ -254,6 +313,70 @@ fn read_only_rate(path: &Path, events: usize) -> f64 {
         .count();
     assert_eq!(values, events, "{} holds every event", path.display());
     events as f64 / start.elapsed().as_secs_f64()
+}
+
+fn readers(path: &Path, events: usize) -> Readers {
+    let bytes = std::fs::read(path).unwrap();
+    // Each event's text, framed before any clock starts.
+    let mut values =
+        serde_json::Deserializer::from_slice(&bytes).into_iter::<serde::de::IgnoredAny>();
+    let mut texts = Vec::with_capacity(events);
+    let mut from = 0;
+    while let Some(value) = values.next() {
+        value.unwrap();
+        let to = values.byte_offset();
+        texts.push(std::str::from_utf8(&bytes[from..to]).unwrap().trim());
+        from = to;
+    }
+    assert_eq!(texts.len(), events, "{} holds every event", path.display());
+    let rate = |read: &dyn Fn() -> usize| {
+        let start = Instant::now();
+        assert_eq!(
+            read(),
+            events,
+            "a reader read every event of {}",
+            path.display()
+        );
+        events as f64 / start.elapsed().as_secs_f64()
+    };
+    let mut tree = sonic_rs::PointerTree::new();
+    for path in DECIDE_PATHS {
+        tree.add_path(path.iter());
+    }
+    Readers {
+        serde_json: rate(&|| {
+            serde_json::Deserializer::from_slice(&bytes)
+                .into_iter::<serde::de::IgnoredAny>()
+                .map(Result::unwrap)
+                .count()
+        }),
+        sonic_rs: rate(&|| {
+            sonic_rs::Deserializer::from_slice(&bytes)
+                .into_stream::<serde::de::IgnoredAny>()
+                .map(Result::unwrap)
+                .count()
+        }),
+        sonic_fields: rate(&|| {
+            texts
+                .iter()
+                .filter(|text| {
+                    let fields = sonic_rs::get_many(**text, &tree).unwrap();
+                    fields.iter().take(3).all(Option::is_some)
+                })
+                .count()
+        }),
+        projection: rate(&|| {
+            texts
+                .iter()
+                .filter(|text| {
+                    matches!(
+                        podstream_ingest::pod_json::project_watch_event(text),
+                        Some(Ok(_))
+                    )
+                })
+                .count()
+        }),
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -304,6 +427,7 @@ fn main() {
     let mut airflow_rates = Vec::new();
     let mut form_rates: Vec<Vec<f64>> = vec![Vec::new(); forms.len()];
     let mut floor_rates: Vec<Vec<f64>> = vec![Vec::new(); forms.len()];
+    let mut reader_rates: Vec<Vec<Readers>> = vec![Vec::new(); forms.len()];
     let mut versions = Value::Null;
     for round in 1..=rounds {
         let (run, report) = airflow_watcher(airflow, dir.path(), &file);
@@ -320,11 +444,16 @@ fn main() {
         airflow_rates.push(airflow_rate);
         versions = json!({"airflow": report["airflow"], "provider": report["provider"]});
         let mut outputs = Vec::new();
-        for (((form, path), rates), floors) in
-            forms.iter().zip(&mut form_rates).zip(&mut floor_rates)
+        for ((((form, path), rates), floors), readings) in forms
+            .iter()
+            .zip(&mut form_rates)
+            .zip(&mut floor_rates)
+            .zip(&mut reader_rates)
         {
             let floor = read_only_rate(path, events);
             floors.push(floor);
+            let readers = readers(path, events);
+            readings.push(readers);
             let (run, commands) = decide(&binary, path);
             assert!(commands > 0, "decide wrote commands");
             outputs.push(std::fs::read(path.with_extension("out")).unwrap());
@@ -333,11 +462,12 @@ fn main() {
             println!(
                 "round {round}, {}: Airflow's watcher {airflow_rate:.0} events/s, podstream \
                  decide {rate:.0} events/s ({commands} commands, peak {:.1} MB): {:.1}x; \
-                 serde_json reading it alone {floor:.0} events/s ({:.1}x)",
+                 serde_json reading the file alone {floor:.0} events/s ({:.1}x); {}",
                 form.name(),
                 run.peak_rss_mb,
                 rate / airflow_rate,
                 floor / airflow_rate,
+                readers.describe(airflow_rate),
             );
         }
         assert!(
@@ -346,18 +476,30 @@ fn main() {
         );
     }
     let airflow_rate = median(airflow_rates);
-    for (((form, _), rates), floors) in forms.iter().zip(form_rates).zip(floor_rates) {
+    for ((((form, _), rates), floors), readings) in forms
+        .iter()
+        .zip(form_rates)
+        .zip(floor_rates)
+        .zip(reader_rates)
+    {
         let rate = median(rates);
         let floor = median(floors);
+        let readers = Readers {
+            serde_json: median(readings.iter().map(|r| r.serde_json).collect()),
+            sonic_rs: median(readings.iter().map(|r| r.sonic_rs).collect()),
+            sonic_fields: median(readings.iter().map(|r| r.sonic_fields).collect()),
+            projection: median(readings.iter().map(|r| r.projection).collect()),
+        };
         println!(
             "median, {}: Airflow's watcher ({} with provider {}) {airflow_rate:.0} events/s, \
-             podstream decide {rate:.0} events/s: {:.1}x; serde_json reading it alone, one \
-             thread, {floor:.0} events/s ({:.1}x)",
+             podstream decide {rate:.0} events/s: {:.1}x; serde_json reading the file alone, \
+             one thread, {floor:.0} events/s ({:.1}x); {}",
             form.name(),
             versions["airflow"],
             versions["provider"],
             rate / airflow_rate,
             floor / airflow_rate,
+            readers.describe(airflow_rate),
         );
     }
 
