@@ -81,19 +81,11 @@ struct Cost {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let number = |flag: &str, default: usize| -> usize {
-        let args: Vec<String> = std::env::args().collect();
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .map(|v| v.parse().unwrap())
-            .unwrap_or(default)
-    };
     let (standing, churned, rounds) = if bench {
         (
-            number("--standing", 10_000),
-            number("--churned", 2_000),
-            number("--rounds", 3),
+            podstream_tests::bench_option("--standing", 10_000),
+            podstream_tests::bench_option("--churned", 2_000),
+            podstream_tests::bench_option("--rounds", 3),
         )
     } else {
         (40, 20, 1)

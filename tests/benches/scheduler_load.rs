@@ -60,24 +60,16 @@ struct Measured {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let args: Vec<String> = std::env::args().collect();
-    let number = |flag: &str, default: usize| -> usize {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .map(|v| v.parse().unwrap())
-            .unwrap_or(default)
-    };
     let (load, executors, rounds) = if bench {
         let load = Load {
-            tasks: number("--tasks", 500),
-            in_flight: number("--in-flight", 200),
-            pod_seconds: number("--pod-seconds", 40) as u64,
+            tasks: podstream_tests::bench_option("--tasks", 500),
+            in_flight: podstream_tests::bench_option("--in-flight", 200),
+            pod_seconds: podstream_tests::bench_option("--pod-seconds", 40) as u64,
         };
         (
             load,
             vec![Executor::Stock, Executor::Podstream],
-            number("--rounds", 1),
+            podstream_tests::bench_option("--rounds", 1),
         )
     } else {
         let load = Load {

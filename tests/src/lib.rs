@@ -64,6 +64,21 @@ pub fn podstream_release_binary() -> PathBuf {
 /// The variable naming the binary a measuring bench runs instead of this tree's release build.
 pub const BENCH_BINARY: &str = "PODSTREAM_BENCH_BINARY";
 
+/// A bench's numeric option `flag N` from its command line, else `default`.
+///
+/// # Panics
+/// When the value after `flag` is not a number.
+pub fn bench_option(flag: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|e| panic!("{flag} takes a number, not {v:?}: {e}"))
+        })
+}
+
 /// The multi-threaded Tokio runtime a bench's `main` runs in.
 ///
 /// # Panics
