@@ -49,6 +49,11 @@ for v in "${lines[@]}"; do
         echo "setup: installing $provider into $venv"
         "$UV" pip install -q --python "$venv/bin/python" "apache-airflow==${airflow_release[$v]}" "$provider"
     fi
+    # statsd (Airflow's `statsd` extra): tests/benches/scheduler_load.rs reads the scheduler's
+    # own loop and executor-heartbeat timings from the metrics it sends.
+    if [ -z "$(installed "$venv" statsd)" ]; then
+        "$UV" pip install -q --python "$venv/bin/python" "statsd==4.0.1"
+    fi
 done
 
 # `airflow db migrate` on a SQLite file.

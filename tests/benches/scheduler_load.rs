@@ -18,7 +18,9 @@
 //!    part of it in child processes (stock's `KubernetesJobWatcher`), that above its idle
 //!    rate, `podstream run`'s CPU per task, and per TI the time from the pod's `Failed` (seen
 //!    by a `kubectl get pods -w` beside it) to the TI's `end_date`, p50 and p99; then
-//!    podstream's over stock's, per round and the median of the rounds.
+//!    podstream's over stock's, per round and the median of the rounds; and the scheduler's
+//!    own `scheduler.scheduler_loop_duration` and `scheduler.executor_heartbeat_duration`
+//!    (the statsd metrics Airflow sends, received by this bench), p50 and p99.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a smoke run: podstream's
 //! executor, four tasks.
@@ -56,6 +58,91 @@ struct Measured {
     podstream_cpu: Option<f64>,
     /// Seconds from each pod's `Failed` to its TI's `end_date`, sorted.
     latencies: Vec<f64>,
+    /// The scheduler's own timings while it drained, in ms, sorted.
+    timings: Timings,
+}
+
+/// The scheduler's timings from the statsd metrics Airflow sends, in ms, each sorted.
+#[derive(Debug, Clone, Default)]
+struct Timings {
+    /// `scheduler.scheduler_loop_duration`: one scheduler loop.
+    loops: Vec<f64>,
+    /// `scheduler.executor_heartbeat_duration`: the executor's part of a loop (its sync).
+    heartbeats: Vec<f64>,
+}
+
+/// The metric of a loop, as Airflow names it with statsd's default prefix.
+const LOOP_METRIC: &str = "airflow.scheduler.scheduler_loop_duration";
+/// The metric of the executor's heartbeat.
+const HEARTBEAT_METRIC: &str = "airflow.scheduler.executor_heartbeat_duration";
+
+/// A statsd receiver: keeps Airflow's loop and heartbeat timings while `recording` is set.
+struct Statsd {
+    port: u16,
+    recording: Arc<std::sync::atomic::AtomicBool>,
+    timings: Arc<Mutex<Timings>>,
+}
+
+impl Statsd {
+    fn start() -> Statsd {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = socket.local_addr().unwrap().port();
+        let recording = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let timings: Arc<Mutex<Timings>> = Arc::default();
+        let (on, kept) = (recording.clone(), Arc::downgrade(&timings));
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 65_536];
+            while let Ok(read) = socket.recv(&mut buffer) {
+                let Some(timings) = kept.upgrade() else {
+                    return;
+                };
+                if !on.load(std::sync::atomic::Ordering::Relaxed) {
+                    continue;
+                }
+                // One datagram may carry several lines: `name:value|ms`.
+                for line in String::from_utf8_lossy(&buffer[..read]).lines() {
+                    let Some((name, rest)) = line.split_once(':') else {
+                        continue;
+                    };
+                    let Some(ms) = rest.strip_suffix("|ms").and_then(|v| v.parse().ok()) else {
+                        continue;
+                    };
+                    let mut timings = timings.lock().unwrap();
+                    match name {
+                        LOOP_METRIC => timings.loops.push(ms),
+                        HEARTBEAT_METRIC => timings.heartbeats.push(ms),
+                        _ => {}
+                    }
+                }
+            }
+        });
+        Statsd {
+            port,
+            recording,
+            timings,
+        }
+    }
+
+    /// Airflow's settings that send its metrics here.
+    fn settings(&self) -> [(&'static str, String); 3] {
+        [
+            ("AIRFLOW__METRICS__STATSD_ON", "True".to_owned()),
+            ("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1".to_owned()),
+            ("AIRFLOW__METRICS__STATSD_PORT", self.port.to_string()),
+        ]
+    }
+
+    fn record(&self, on: bool) {
+        self.recording
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn take(&self) -> Timings {
+        let mut timings = std::mem::take(&mut *self.timings.lock().unwrap());
+        timings.loops.sort_by(f64::total_cmp);
+        timings.heartbeats.sort_by(f64::total_cmp);
+        timings
+    }
 }
 
 fn main() {
@@ -119,6 +206,7 @@ fn main() {
 }
 
 fn run(executor: Executor, load: Load) -> Measured {
+    let statsd = Statsd::start();
     let settings = [
         ("PODSTREAM_LOAD_TASKS", load.tasks.to_string()),
         ("PODSTREAM_LOAD_POD_SECONDS", load.pod_seconds.to_string()),
@@ -130,6 +218,7 @@ fn run(executor: Executor, load: Load) -> Measured {
         ),
     ]
     .into_iter()
+    .chain(statsd.settings())
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let mut real = RealAirflow::set_up_with(
@@ -161,6 +250,7 @@ fn run(executor: Executor, load: Load) -> Measured {
     let own_from = own_cpu_seconds(scheduler);
     let podstream_from = podstream.map(podstream_tests::cpu_seconds);
     let started = Instant::now();
+    statsd.record(true);
     real.set_default_pool_slots(u32::try_from(load.in_flight).unwrap());
     let retrying = format!(
         "SELECT count(*) FROM task_instance WHERE dag_id = '{DAG}' AND state = 'up_for_retry'"
@@ -172,6 +262,12 @@ fn run(executor: Executor, load: Load) -> Measured {
         |real| count(real, &retrying) == load.tasks,
     );
     let drain_seconds = started.elapsed().as_secs_f64();
+    statsd.record(false);
+    let timings = statsd.take();
+    assert!(
+        !timings.loops.is_empty(),
+        "the scheduler sent its loop timings (scripts/setup.sh installs statsd)"
+    );
     let scheduler_cpu = group_cpu_seconds(scheduler) - group_from;
     let children_cpu = scheduler_cpu - (own_cpu_seconds(scheduler) - own_from);
     let podstream_cpu = podstream
@@ -207,6 +303,7 @@ fn run(executor: Executor, load: Load) -> Measured {
         idle_cpu_per_second,
         podstream_cpu,
         latencies,
+        timings,
     }
 }
 
@@ -314,12 +411,12 @@ fn name(executor: Executor) -> &'static str {
     }
 }
 
-const HEADER: &str = "executor                     drain s  sched CPU s  CPU/task ms  children  idle CPU/s  podstream/task ms   p50 ms   p99 ms";
+const HEADER: &str = "executor                     drain s  sched CPU s  CPU/task ms  children  idle CPU/s  podstream/task ms   p50 ms   p99 ms  loops  loop p50/p99 ms  heartbeat p50/p99 ms";
 
 fn line(m: &Measured, load: Load) -> String {
     let per_task = |cpu: f64| cpu / load.tasks as f64 * 1000.0;
     format!(
-        "{:<28} {:>7.1} {:>12.1} {:>12.1} {:>9.1} {:>11.3} {:>18} {:>8.0} {:>8.0}",
+        "{:<28} {:>7.1} {:>12.1} {:>12.1} {:>9.1} {:>11.3} {:>18} {:>8.0} {:>8.0} {:>6} {:>16} {:>21}",
         name(m.executor),
         m.drain_seconds,
         m.scheduler_cpu,
@@ -330,6 +427,18 @@ fn line(m: &Measured, load: Load) -> String {
             .map_or_else(|| "-".to_owned(), |c| format!("{:.1}", per_task(c))),
         percentile(&m.latencies, 0.5) * 1000.0,
         percentile(&m.latencies, 0.99) * 1000.0,
+        m.timings.loops.len(),
+        spread(&m.timings.loops),
+        spread(&m.timings.heartbeats),
+    )
+}
+
+/// `p50/p99` of sorted timings in ms.
+fn spread(sorted: &[f64]) -> String {
+    format!(
+        "{:.0}/{:.0}",
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.99)
     )
 }
 
