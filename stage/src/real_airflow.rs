@@ -72,6 +72,10 @@ pub enum Executor {
     /// `stage/airflow/lib` extends it with story (h)'s hold), with `podstream run
     /// --task-failures executor` on a nats-server of its own.
     Podstream,
+    /// The provider's `KubernetesExecutor`, with `podstream run --task-failures sink` beside
+    /// it on a nats-server of its own: podstream's sink fails a running TI whose pod failed
+    /// (the stock-executor overlay).
+    Sink,
     /// The caller's: the stage starts no NATS and no podstream, and Airflow runs with the
     /// settings the caller adds ([`RealAirflow::set_up_with`]), as an install gives them.
     Installed,
@@ -462,9 +466,9 @@ impl RealAirflow {
             env.retain(|(name, _)| *name != key);
             env.push((key, value));
         }
-        let nats =
-            (executor == Executor::Podstream).then(crate::nats::NatsServer::start_with_token);
-        if let Some(nats) = &nats {
+        let nats = matches!(executor, Executor::Podstream | Executor::Sink)
+            .then(crate::nats::NatsServer::start_with_token);
+        if let (Some(nats), Executor::Podstream) = (&nats, executor) {
             env.retain(|(key, _)| key != "AIRFLOW__CORE__EXECUTOR");
             env.push((
                 "AIRFLOW__CORE__EXECUTOR".to_owned(),
@@ -643,39 +647,41 @@ impl RealAirflow {
         self.control_plane = Some(plane);
     }
 
-    /// `podstream run --task-failures executor --collect-pods` on the nats-server, the
-    /// simulator and the metadata DB, when the schedulers run podstream's executor.
+    /// `podstream run` on the nats-server, the simulator and the metadata DB, when the
+    /// schedulers run podstream's executor (`--task-failures executor --collect-pods`, only
+    /// signed pods acting) or the stock one beside podstream's sink (`--task-failures sink`:
+    /// the stock executor signs no pod and deletes its own).
     fn start_podstream(&mut self) {
         let Some(nats) = &self.nats else {
             return;
         };
         let mut command = Command::new(podstream_binary());
         command
-            .args([
-                "run",
-                "--task-failures",
-                "executor",
-                "--namespaces",
-                "airflow",
-            ])
+            .args(["run", "--namespaces", "airflow"])
             .args(["--nats", &nats.url(), "--db", &self.pg.url(DATABASE)])
             .args(
                 nats.token_file()
                     .iter()
                     .flat_map(|file| [std::ffi::OsStr::new("--nats-token-file"), file.as_os_str()]),
             )
-            .arg("--require-signed-pods")
-            .arg("--pod-signing-key-file")
-            .arg(self.dir.path().join(SIGNING_KEY_FILE))
-            // Every candidate is signed: live losers and stale pods may go too, after a
-            // grace period short enough for a story.
-            .args(["--collect-pods", "--collect-live-pods"])
-            .args([
-                "--collect-grace-seconds",
-                &COLLECT_GRACE_SECONDS.to_string(),
-            ])
             .env("KUBECONFIG", &self.podstream_kubeconfig)
             .env("RUST_LOG", "info");
+        if self.executor == Executor::Sink {
+            command.args(["--task-failures", "sink"]);
+        } else {
+            command
+                .args(["--task-failures", "executor"])
+                .arg("--require-signed-pods")
+                .arg("--pod-signing-key-file")
+                .arg(self.dir.path().join(SIGNING_KEY_FILE))
+                // Every candidate is signed: live losers and stale pods may go too, after a
+                // grace period short enough for a story.
+                .args(["--collect-pods", "--collect-live-pods"])
+                .args([
+                    "--collect-grace-seconds",
+                    &COLLECT_GRACE_SECONDS.to_string(),
+                ]);
+        }
         let log = self.dir.path().join("podstream-run.log");
         self.podstream = Some(Service::spawn("podstream run", command, log));
     }
@@ -774,7 +780,7 @@ impl RealAirflow {
         self.components.get(index).map(|c| c.child.id())
     }
 
-    /// The pid of `podstream run`, with [`Executor::Podstream`].
+    /// The pid of `podstream run`, with [`Executor::Podstream`] and [`Executor::Sink`].
     pub fn podstream_pid(&self) -> Option<u32> {
         self.podstream.as_ref().map(|p| p.child.id())
     }

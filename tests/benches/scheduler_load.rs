@@ -1,29 +1,36 @@
 //! What a real Airflow scheduler spends per task, and how soon a failed pod's task instance
-//! moves, under load: the provider's `KubernetesExecutor` beside podstream's executor, one
-//! after the other in one run, on the same machine, DAG and simulator.
+//! moves, under load: the provider's `KubernetesExecutor` beside podstream's, one after the
+//! other in one run, on the same machine, DAG and simulator.
 //!
 //! `cargo bench -p podstream-tests --bench scheduler_load [-- --tasks N --in-flight P
-//! --pod-seconds S --rounds R]`, per executor and round (R rounds, 1, the order swapped each
-//! round):
+//! --pod-seconds S --killed-after K --rounds R]`, per executor and round (R rounds, 1, the
+//! order swapped each round):
 //! 1. a real Airflow (the newest supported release) on `podstream sim --kubelet`, PostgreSQL,
-//!    and for podstream's executor `podstream run` on a nats-server, as the stage runs them;
-//!    DAG `podstream_load` (stage/airflow/dags/load): N tasks (500), each pod's container
-//!    sleeping S seconds (40) then exiting 1 without running the task, so the executor's
-//!    report is what moves the TI (queued to `up_for_retry`, the retry an hour away);
+//!    and for podstream `podstream run` on a nats-server, as the stage runs them; DAG
+//!    `podstream_load` (stage/airflow/dags/load): N tasks, each TI going to `up_for_retry`
+//!    (the retry an hour away) once its pod fails. Two loads:
+//!    - *queued* (the default; N 500, P 200): each pod's container sleeps S seconds (40),
+//!      then exits 1 without running the task, so the TI is still queued and the executor's
+//!      report is what moves it. The stock executor beside podstream's executor;
+//!    - *running* (`--killed-after K`; N 60, P 20): each pod runs the task, and the kubelet
+//!      kills it (OOMKilled) K seconds after it starts, so the TI is running: the stock
+//!      executor, podstream's executor, and the stock executor beside podstream's sink
+//!      (`--task-failures sink`), which fails a running TI itself;
 //! 2. with `default_pool` at 0 slots the scheduler schedules every TI and queues none; its
-//!    idle CPU is read over ten seconds; then the pool opens to P slots (200), which keeps P
-//!    pods in flight, failing at about P/S a second;
+//!    idle CPU is read over ten seconds; then the pool opens to P slots, which keeps P pods in
+//!    flight;
 //! 3. until every TI is `up_for_retry`: the scheduler's process group's CPU seconds (its own,
 //!    its executor's watcher process, all reaped children: `/proc/<pid>/stat`) per task, the
 //!    part of it in child processes (stock's `KubernetesJobWatcher`), that above its idle
 //!    rate, `podstream run`'s CPU per task, and per TI the time from the pod's `Failed` (seen
-//!    by a `kubectl get pods -w` beside it) to the TI's `end_date`, p50 and p99; then
-//!    podstream's over stock's, per round and the median of the rounds; and the scheduler's
-//!    own `scheduler.scheduler_loop_duration` and `scheduler.executor_heartbeat_duration`
-//!    (the statsd metrics Airflow sends, received by this bench), p50 and p99.
+//!    by a `kubectl get pods -w` beside it) to the TI's `end_date`, p50 and p99; how many TIs
+//!    podstream's sink failed (its `podstream_fail` log rows); the scheduler's own
+//!    `scheduler.scheduler_loop_duration` and `scheduler.executor_heartbeat_duration` (the
+//!    statsd metrics Airflow sends, received by this bench), p50 and p99; then each of
+//!    podstream's over stock's, per round and the median of the rounds.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a smoke run: podstream's
-//! executor, four tasks.
+//! executor on four queued tasks, and podstream's sink on two running ones.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -43,6 +50,19 @@ struct Load {
     tasks: usize,
     in_flight: usize,
     pod_seconds: u64,
+    /// Running tasks, their pods killed this many seconds after they start; else queued
+    /// tasks, their pods exiting after `pod_seconds`.
+    killed_after: Option<u64>,
+}
+
+impl Load {
+    /// The executors measured on this load, stock first.
+    fn executors(self) -> Vec<Executor> {
+        match self.killed_after {
+            None => vec![Executor::Stock, Executor::Podstream],
+            Some(_) => vec![Executor::Stock, Executor::Podstream, Executor::Sink],
+        }
+    }
 }
 
 /// What one executor's run measured.
@@ -60,6 +80,10 @@ struct Measured {
     latencies: Vec<f64>,
     /// The scheduler's own timings while it drained, in ms, sorted.
     timings: Timings,
+    /// How many TIs podstream's sink failed (the rest the scheduler did).
+    failed_by_sink: usize,
+    /// How many TIs ran (their task started in the pod) before the pod failed.
+    ran: usize,
 }
 
 /// The scheduler's timings from the statsd metrics Airflow sends, in ms, each sorted.
@@ -147,37 +171,72 @@ impl Statsd {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let (load, executors, rounds) = if bench {
-        let load = Load {
-            tasks: podstream_tests::bench_option("--tasks", 500),
-            in_flight: podstream_tests::bench_option("--in-flight", 200),
-            pod_seconds: podstream_tests::bench_option("--pod-seconds", 40) as u64,
+    let (loads, rounds) = if bench {
+        let killed_after = podstream_tests::bench_option("--killed-after", 0) as u64;
+        let (tasks, in_flight) = if killed_after > 0 {
+            (60, 20)
+        } else {
+            (500, 200)
         };
+        let load = Load {
+            tasks: podstream_tests::bench_option("--tasks", tasks),
+            in_flight: podstream_tests::bench_option("--in-flight", in_flight),
+            pod_seconds: podstream_tests::bench_option("--pod-seconds", 40) as u64,
+            killed_after: (killed_after > 0).then_some(killed_after),
+        };
+        let executors = load.executors();
         (
-            load,
-            vec![Executor::Stock, Executor::Podstream],
+            vec![(load, executors)],
             podstream_tests::bench_option("--rounds", 1),
         )
     } else {
-        let load = Load {
+        let queued = Load {
             tasks: 4,
             in_flight: 4,
             pod_seconds: 2,
+            killed_after: None,
         };
-        (load, vec![Executor::Podstream], 1)
+        let running = Load {
+            tasks: 2,
+            in_flight: 2,
+            pod_seconds: 0,
+            killed_after: Some(20),
+        };
+        (
+            vec![
+                (queued, vec![Executor::Podstream]),
+                (running, vec![Executor::Sink]),
+            ],
+            1,
+        )
     };
-    println!(
-        "{} tasks, {} in flight, each pod failing after {} s; Airflow {}",
-        load.tasks,
-        load.in_flight,
-        load.pod_seconds,
-        Airflow::newest().short()
-    );
     podstream_stage::use_podstream_binary(podstream_tests::bench_binary(bench));
-    let mut ratios = Vec::new();
+    for (load, executors) in loads {
+        measure(load, &executors, rounds);
+    }
+}
+
+/// Runs `executors` on `load` for `rounds` rounds, and prints each round and the ratios.
+fn measure(load: Load, executors: &[Executor], rounds: usize) {
+    match load.killed_after {
+        None => println!(
+            "{} queued tasks, {} in flight, each pod failing after {} s; Airflow {}",
+            load.tasks,
+            load.in_flight,
+            load.pod_seconds,
+            Airflow::newest().short()
+        ),
+        Some(after) => println!(
+            "{} running tasks, {} in flight, each pod killed {after} s after it starts; Airflow {}",
+            load.tasks,
+            load.in_flight,
+            Airflow::newest().short()
+        ),
+    }
+    let mut ratios: BTreeMap<&'static str, Vec<Ratios>> = BTreeMap::new();
     for round in 1..=rounds {
         // Each round swaps the order, so a drift of the machine hits both.
-        let mut order = executors.clone();
+        let mut order = executors.to_vec();
         if round % 2 == 0 {
             order.reverse();
         }
@@ -189,24 +248,33 @@ fn main() {
                 measured
             })
             .collect();
-        measured.sort_by_key(|m| m.executor != Executor::Stock);
+        measured.sort_by_key(|m| executors.iter().position(|e| *e == m.executor));
         println!("\nround {round}:\n{}", table(&measured, load));
-        if let [stock, podstream] = &measured[..] {
-            ratios.push(Ratios::of(stock, podstream));
-            println!("{}\n", ratios[ratios.len() - 1]);
+        // Stock comes first when measured: each other one over it.
+        if let [stock, others @ ..] = &measured[..] {
+            for other in others {
+                let of = Ratios::of(stock, other);
+                println!("{} / stock: {of}", name(other.executor));
+                ratios.entry(name(other.executor)).or_default().push(of);
+            }
         }
     }
-    if ratios.len() > 1 {
-        println!(
-            "median of {} rounds: {}",
-            ratios.len(),
-            Ratios::median(&ratios)
-        );
+    if rounds > 1 {
+        for (executor, all) in &ratios {
+            println!(
+                "median of {} rounds, {executor} / stock: {}",
+                all.len(),
+                Ratios::median(all)
+            );
+        }
     }
 }
 
 fn run(executor: Executor, load: Load) -> Measured {
     let statsd = Statsd::start();
+    let killed_after = load
+        .killed_after
+        .map(|after| ("PODSTREAM_LOAD_KILLED_AFTER_SECONDS", after.to_string()));
     let settings = [
         ("PODSTREAM_LOAD_TASKS", load.tasks.to_string()),
         ("PODSTREAM_LOAD_POD_SECONDS", load.pod_seconds.to_string()),
@@ -218,6 +286,7 @@ fn run(executor: Executor, load: Load) -> Measured {
         ),
     ]
     .into_iter()
+    .chain(killed_after)
     .chain(statsd.settings())
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
@@ -288,6 +357,20 @@ fn run(executor: Executor, load: Load) -> Measured {
         .filter_map(|(task, end)| Some(end - failed.get(task)?))
         .collect();
     latencies.sort_by(f64::total_cmp);
+    let failed_by_sink = count(
+        &real,
+        &format!(
+            "SELECT count(DISTINCT task_id) FROM log WHERE dag_id = '{DAG}' \
+             AND owner = 'podstream' AND event = 'podstream_fail'"
+        ),
+    );
+    let ran = count(
+        &real,
+        &format!(
+            "SELECT count(*) FROM task_instance WHERE dag_id = '{DAG}' \
+             AND coalesce(hostname, '') <> ''"
+        ),
+    );
     assert_eq!(
         latencies.len(),
         load.tasks,
@@ -304,6 +387,8 @@ fn run(executor: Executor, load: Load) -> Measured {
         podstream_cpu,
         latencies,
         timings,
+        failed_by_sink,
+        ran,
     }
 }
 
@@ -407,16 +492,17 @@ fn name(executor: Executor) -> &'static str {
     match executor {
         Executor::Stock => "stock KubernetesExecutor",
         Executor::Podstream => "PodstreamKubernetesExecutor",
+        Executor::Sink => "stock + podstream sink",
         Executor::Installed => "installed",
     }
 }
 
-const HEADER: &str = "executor                     drain s  sched CPU s  CPU/task ms  children  idle CPU/s  podstream/task ms   p50 ms   p99 ms  loops  loop p50/p99 ms  heartbeat p50/p99 ms";
+const HEADER: &str = "executor                     drain s  sched CPU s  CPU/task ms  children  idle CPU/s  podstream/task ms   p50 ms   p99 ms  ran  by sink  loops  loop p50/p99 ms  heartbeat p50/p99 ms";
 
 fn line(m: &Measured, load: Load) -> String {
     let per_task = |cpu: f64| cpu / load.tasks as f64 * 1000.0;
     format!(
-        "{:<28} {:>7.1} {:>12.1} {:>12.1} {:>9.1} {:>11.3} {:>18} {:>8.0} {:>8.0} {:>6} {:>16} {:>21}",
+        "{:<28} {:>7.1} {:>12.1} {:>12.1} {:>9.1} {:>11.3} {:>18} {:>8.0} {:>8.0} {:>4} {:>8} {:>6} {:>16} {:>21}",
         name(m.executor),
         m.drain_seconds,
         m.scheduler_cpu,
@@ -427,6 +513,8 @@ fn line(m: &Measured, load: Load) -> String {
             .map_or_else(|| "-".to_owned(), |c| format!("{:.1}", per_task(c))),
         percentile(&m.latencies, 0.5) * 1000.0,
         percentile(&m.latencies, 0.99) * 1000.0,
+        m.ran,
+        m.failed_by_sink,
         m.timings.loops.len(),
         spread(&m.timings.loops),
         spread(&m.timings.heartbeats),
@@ -451,7 +539,7 @@ fn table(measured: &[Measured], load: Load) -> String {
     table
 }
 
-/// podstream's executor over stock's, one round.
+/// One of podstream's over stock's, one round.
 #[derive(Debug, Clone, Copy)]
 struct Ratios {
     cpu_per_task: f64,
@@ -491,8 +579,7 @@ impl std::fmt::Display for Ratios {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "podstream / stock: scheduler CPU per task {:.2}× ({:.2}× above each one's idle), \
-             p50 {:.2}×, p99 {:.2}×",
+            "scheduler CPU per task {:.2}× ({:.2}× above each one's idle), p50 {:.2}×, p99 {:.2}×",
             self.cpu_per_task, self.cpu_above_idle, self.p50, self.p99
         )
     }

@@ -123,7 +123,7 @@ fn play(airflow: Airflow, story: Story, executor: Executor) -> Played {
         Executor::Podstream => stories::ended_right(&real, &state, story)
             .map_err(|why| format!("{why}\n{}", real.failed_pods())),
         // The demo plays the stock executor and podstream's own stage, never an install's.
-        Executor::Stock | Executor::Installed => Ok(()),
+        Executor::Stock | Executor::Sink | Executor::Installed => Ok(()),
     };
     Played {
         outcome: stories::outcome(&real, &state),
