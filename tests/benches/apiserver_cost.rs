@@ -427,17 +427,9 @@ async fn client(kubeconfig: &Path) -> kube::Client {
 
 /// The process's user and system CPU seconds so far.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks / per_second
+    podstream_tests::ProcessCpu::of(pid)
+        .unwrap_or_else(|| panic!("process {pid} is gone"))
+        .own
 }
 
 /// The API server's own counts for pods: watch events sent, their bytes, watches open.

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use podstream_stage::airflow::Airflow;
 use podstream_stage::real_airflow::{Dags, Executor, Kubernetes, RealAirflow};
-use podstream_tests::KubectlWatch;
+use podstream_tests::{KubectlWatch, ProcessCpu};
 
 const DAG: &str = "podstream_load";
 
@@ -317,7 +317,7 @@ fn run(executor: Executor, load: Load) -> Measured {
 
     let failed = watch_failures(&real.kubeconfig);
     let group_from = group_cpu_seconds(scheduler);
-    let own_from = own_cpu_seconds(scheduler);
+    let own_from = podstream_tests::cpu_seconds(scheduler);
     let podstream_from = podstream.map(podstream_tests::cpu_seconds);
     let started = Instant::now();
     statsd.record(true);
@@ -339,7 +339,7 @@ fn run(executor: Executor, load: Load) -> Measured {
         "the scheduler sent its loop timings (scripts/setup.sh installs statsd)"
     );
     let scheduler_cpu = group_cpu_seconds(scheduler) - group_from;
-    let children_cpu = scheduler_cpu - (own_cpu_seconds(scheduler) - own_from);
+    let children_cpu = scheduler_cpu - (podstream_tests::cpu_seconds(scheduler) - own_from);
     let podstream_cpu = podstream
         .zip(podstream_from)
         .map(|(pid, from)| podstream_tests::cpu_seconds(pid) - from);
@@ -438,51 +438,11 @@ fn watch_failures(kubeconfig: &std::path::Path) -> Arc<Mutex<BTreeMap<String, f6
 
 /// CPU seconds of every process in process group `group`, each with its reaped children.
 fn group_cpu_seconds(group: u32) -> f64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter_map(|stat| {
-            let fields = stat_fields(&stat)?;
-            (fields.get(2)?.parse::<u32>().ok()? == group).then(|| cpu_of(&fields))
-        })
+    ProcessCpu::all()
+        .into_iter()
+        .filter(|cpu| cpu.group == group)
+        .map(ProcessCpu::with_children)
         .sum()
-}
-
-/// CPU seconds of process `pid` alone (its threads, not its children).
-fn own_cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let fields = stat_fields(&stat)?;
-            Some(cpu_of(&fields[..13]))
-        })
-        .unwrap_or(0.0)
-}
-
-/// The fields of a `/proc/<pid>/stat` after the command name's last `)`: state first, pgrp
-/// the 3rd, utime, stime, cutime and cstime the 12th to 15th.
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    Some(rest.split_whitespace().collect())
-}
-
-/// The CPU seconds in a process's stat fields: utime and stime, and cutime and cstime when
-/// given.
-fn cpu_of(fields: &[&str]) -> f64 {
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64);
-    fields
-        .get(11..fields.len().min(15))
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|f| f.parse::<f64>().ok())
-        .sum::<f64>()
-        / ticks
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

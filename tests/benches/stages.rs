@@ -40,29 +40,7 @@ const WINDOW: usize = 1024;
 
 /// Seconds of CPU (user + system) a process and its reaped children have used.
 fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // The fields after the command, which may hold spaces, closed by its last ')'.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime, stime, cutime, cstime: fields 14 to 17 of proc(5), 12 to 15 after the command.
-    let ticks: f64 = fields
-        .get(11..15)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|f| f.parse::<f64>().ok())
-        .sum();
-    ticks / clock_ticks()
-}
-
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64)
+    podstream_tests::ProcessCpu::of(pid).map_or(0.0, podstream_tests::ProcessCpu::with_children)
 }
 
 /// CPU-seconds of every `postgres` process now running.

@@ -244,22 +244,66 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// The CPU time a process has used so far, as `/proc/<pid>/stat` shows it, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessCpu {
+    /// Its process group.
+    pub group: u32,
+    /// Its own user and system time (all its threads).
+    pub own: f64,
+    /// The user and system time of the children it has waited for.
+    pub reaped_children: f64,
+}
+
+impl ProcessCpu {
+    /// Process `pid`'s; `None` when it is gone.
+    pub fn of(pid: u32) -> Option<ProcessCpu> {
+        ProcessCpu::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+
+    /// Every process's on the machine now.
+    pub fn all() -> Vec<ProcessCpu> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(ProcessCpu::of)
+            .collect()
+    }
+
+    /// Parsed from the text of a `/proc/<pid>/stat`.
+    pub fn parse(stat: &str) -> Option<ProcessCpu> {
+        // After the command name, which may hold spaces and ends at the last ')': the process
+        // group is the 3rd field; utime, stime, cutime and cstime the 12th to 15th, in ticks.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+        let per_second = clock_ticks();
+        Some(ProcessCpu {
+            group: fields.get(2)?.parse().ok()?,
+            own: (ticks(11)? + ticks(12)?) / per_second,
+            reaped_children: (ticks(13)? + ticks(14)?) / per_second,
+        })
+    }
+
+    /// Its own time and its reaped children's.
+    pub fn with_children(self) -> f64 {
+        self.own + self.reaped_children
+    }
+}
+
+/// Clock ticks a second, the unit of `/proc/<pid>/stat`'s times.
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64)
+}
+
 /// CPU time (user and system) process `pid` has used so far, in seconds (0 when unreadable).
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces:
-    // utime and stime are the 12th and 13th, in clock ticks (100 a second on Linux).
-    let ticks: u64 = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|t| t.parse::<u64>().ok())
-                .sum()
-        })
-        .unwrap_or(0);
-    ticks as f64 / 100.0
+    ProcessCpu::of(pid).map_or(0.0, |cpu| cpu.own)
 }
 
 /// Resident and peak memory of process `pid`, in MB (0 when unreadable).
@@ -397,5 +441,31 @@ impl serde_json::ser::Formatter for PythonDefault {
         writer: &mut W,
     ) -> std::io::Result<()> {
         writer.write_all(b": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProcessCpu;
+
+    #[test]
+    fn a_stat_line_gives_its_group_and_cpu_times_whatever_its_command_name() {
+        // A command name with spaces and a ')' of its own; utime 250, stime 50, cutime 100,
+        // cstime 20 ticks.
+        let stat = "4242 (airflow sched) (x)) S 1 4242 4242 0 -1 4194560 9 0 0 0 \
+                    250 50 100 20 20 0 3 0 123 0 0";
+        let cpu = ProcessCpu::parse(stat).unwrap();
+        let ticks = super::clock_ticks();
+        assert_eq!(cpu.group, 4242);
+        assert!((cpu.own - 300.0 / ticks).abs() < 1e-9, "{cpu:?}");
+        assert!((cpu.reaped_children - 120.0 / ticks).abs() < 1e-9, "{cpu:?}");
+        assert!((cpu.with_children() - 420.0 / ticks).abs() < 1e-9);
+        assert_eq!(ProcessCpu::parse("4242 (cut short) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_is_among_all() {
+        let me = ProcessCpu::of(std::process::id()).unwrap();
+        assert!(ProcessCpu::all().iter().any(|cpu| cpu.group == me.group));
     }
 }
