@@ -247,8 +247,6 @@ fn airflow_watcher(airflow: Airflow, home: &Path, events: &Path) -> (Run, Value)
     (run, report)
 }
 
-/// Events per second of serde_json reading `path`'s values into nothing, one thread: what
-/// merely reading that form as JSON costs, file read included.
 /// Events a second of each reader of one form's text, one thread, the text in memory.
 #[derive(Debug, Clone, Copy)]
 struct Readers {
