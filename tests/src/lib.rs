@@ -458,7 +458,10 @@ mod tests {
         let ticks = super::clock_ticks();
         assert_eq!(cpu.group, 4242);
         assert!((cpu.own - 300.0 / ticks).abs() < 1e-9, "{cpu:?}");
-        assert!((cpu.reaped_children - 120.0 / ticks).abs() < 1e-9, "{cpu:?}");
+        assert!(
+            (cpu.reaped_children - 120.0 / ticks).abs() < 1e-9,
+            "{cpu:?}"
+        );
         assert!((cpu.with_children() - 420.0 / ticks).abs() < 1e-9);
         assert_eq!(ProcessCpu::parse("4242 (cut short) S 1"), None);
     }
