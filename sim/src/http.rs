@@ -33,6 +33,8 @@ pub struct AppState {
     pub address: String,
     /// Host names answered besides loopback ones ([`host_allowed`]).
     pub allowed_hosts: Vec<String>,
+    /// The bearer token every request must carry.
+    pub token: std::sync::Arc<str>,
 }
 
 /// Whether a request's `Host` header names this server: a loopback name (`localhost`,
@@ -92,6 +94,16 @@ async fn handle(
                 host.unwrap_or_default()
             ),
         ));
+    }
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|value| value.as_bytes());
+    if !crate::tls::bearer_matches(authorization, &state.token) {
+        tracing::warn!(
+            path = uri.path(),
+            "request that lacks the simulator's bearer token; refused"
+        );
+        return error_response(&ApiError::new(Reason::Unauthorized, "Unauthorized"));
     }
     let query = Query::parse(uri.query());
     let request = Request {

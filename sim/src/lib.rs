@@ -9,7 +9,8 @@
 //!
 //! - [`store`]: the versioned objects and the change log (no I/O).
 //! - `cluster`: the verbs, deletion timers and the control API tests drive pods with.
-//! - [`watch`]: watch streams; `http`: URL layout and query parameters; `server`: serving.
+//! - [`watch`]: watch streams; `http`: URL layout and query parameters; `server`: serving;
+//!   `tls`: its certificate, token and TLS listener.
 
 pub(crate) mod apply;
 pub(crate) mod cluster;
@@ -30,6 +31,7 @@ pub(crate) mod status;
 pub mod store;
 pub(crate) mod table;
 pub(crate) mod template;
+pub(crate) mod tls;
 pub mod watch;
 
 pub use cluster::{Cluster, DeleteOptions, Deletion, ResourceVersionMatch, SimConfig};
@@ -37,6 +39,7 @@ pub use container::ContainerState;
 pub use custom::CustomResource;
 pub use kubelet::{Fault, Kubelet, KubeletConfig};
 pub use resource::{Resource, Served};
-pub use server::{Server, kubeconfig};
+pub use server::{Server, ServerError};
 pub use status::{ApiError, Reason};
 pub use template::WorkerPod;
+pub use tls::TlsError;

@@ -1,21 +1,23 @@
-//! Serving the simulator over HTTP, and the kubeconfig that points clients at it.
+//! Serving the simulator over HTTPS, and the kubeconfig that points clients at it.
 
 use std::net::SocketAddr;
 use std::path::Path;
 
-use axum::serve::ListenerExt;
+use base64::Engine as _;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{Cluster, SimConfig};
 use crate::http::{AppState, router};
+use crate::tls::{Credentials, TlsError, TlsListener};
 
-/// A running simulator: the cluster and its HTTP server. Dropping it stops the server.
-#[derive(Debug)]
+/// A running simulator: the cluster and its HTTPS server. Dropping it stops the server.
 pub struct Server {
     cluster: Cluster,
     addr: SocketAddr,
+    ca_pem: String,
+    token: String,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -32,13 +34,17 @@ pub enum ServerError {
     /// The bound address could not be read back.
     #[error("reading the bound address")]
     Address(#[source] std::io::Error),
+    /// The certificate or the token could not be made.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// The kubeconfig could not be written.
     #[error("writing kubeconfig {0}")]
     Kubeconfig(std::path::PathBuf, #[source] std::io::Error),
 }
 
 impl Server {
-    /// Binds `listen` (port 0 picks a free one) and serves a fresh cluster on it.
+    /// Binds `listen` (port 0 picks a free one) and serves a fresh cluster on it, over TLS
+    /// with a certificate made now, to requests that carry the token made now.
     pub async fn start(listen: SocketAddr, config: SimConfig) -> Result<Server, ServerError> {
         let allowed_hosts = config.allowed_hosts.clone();
         let cluster = Cluster::new(config).map_err(ServerError::Cluster)?;
@@ -46,18 +52,14 @@ impl Server {
             .await
             .map_err(|error| ServerError::Bind(listen, error))?;
         let addr = listener.local_addr().map_err(ServerError::Address)?;
+        let credentials = Credentials::new(addr, &allowed_hosts)?;
         let app = router(AppState {
             cluster: cluster.clone(),
             address: addr.to_string(),
             allowed_hosts,
+            token: credentials.token.clone().into(),
         });
-        // As kube-apiserver (Go's net/http sets TCP_NODELAY): without it, Nagle's algorithm
-        // holds each small watch chunk until the client's delayed ACK, tens of milliseconds.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::warn!(%error, "cannot set TCP_NODELAY on a simulator connection");
-            }
-        });
+        let listener = TlsListener::new(listener, addr, credentials.server);
         let (stop, stopped) = oneshot::channel::<()>();
         let watches = cluster.clone();
         let task = tokio::spawn(async move {
@@ -77,6 +79,8 @@ impl Server {
         Ok(Server {
             cluster,
             addr,
+            ca_pem: credentials.ca_pem,
+            token: credentials.token,
             stop: Some(stop),
             task,
         })
@@ -92,20 +96,67 @@ impl Server {
         self.addr
     }
 
-    /// `http://host:port`.
+    /// `https://host:port`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
     }
 
-    /// A kubeconfig that kubectl and the `kube` crate use as is.
+    /// The CA that signed the server's certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The bearer token every request must carry.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// A kubeconfig that kubectl and the `kube` crate use as is: one cluster with the CA,
+    /// one context, one user with the token.
     pub fn kubeconfig(&self) -> String {
-        kubeconfig(&self.url())
+        let url = self.url();
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        let token = &self.token;
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: podstream-sim
+  cluster:
+    server: {url}
+    certificate-authority-data: {ca}
+contexts:
+- name: podstream-sim
+  context:
+    cluster: podstream-sim
+    user: podstream-sim
+    namespace: default
+current-context: podstream-sim
+users:
+- name: podstream-sim
+  user:
+    token: {token}
+preferences: {{}}
+"
+        )
     }
 
-    /// Writes the kubeconfig to a file.
+    /// Writes the kubeconfig to a file only its owner may read (it holds the token).
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), ServerError> {
-        std::fs::write(path, self.kubeconfig())
-            .map_err(|error| ServerError::Kubeconfig(path.to_owned(), error))
+        use std::io::Write as _;
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let failed = |error| ServerError::Kubeconfig(path.to_owned(), error);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(failed)?;
+        // `mode` applies only to a file it creates.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(failed)?;
+        file.write_all(self.kubeconfig().as_bytes()).map_err(failed)
     }
 
     /// Stops serving: closes watches and waits for the server to finish.
@@ -124,33 +175,18 @@ impl Server {
     }
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.cluster.drop_watches();
         self.task.abort();
     }
-}
-
-/// The kubeconfig for a simulator at `url`: one cluster, one context, no credentials.
-pub fn kubeconfig(url: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: podstream-sim
-  cluster:
-    server: {url}
-contexts:
-- name: podstream-sim
-  context:
-    cluster: podstream-sim
-    user: podstream-sim
-    namespace: default
-current-context: podstream-sim
-users:
-- name: podstream-sim
-  user: {{}}
-preferences: {{}}
-"
-    )
 }

@@ -7,6 +7,8 @@ use serde_json::{Value, json};
 pub enum Reason {
     /// 400: the request could not be understood (bad body, bad selector, bad query).
     BadRequest,
+    /// 401: the request carries no valid credentials.
+    Unauthorized,
     /// 403: the request is refused (for example, creating in a terminating namespace).
     Forbidden,
     /// 404: the object or the resource does not exist.
@@ -34,6 +36,7 @@ impl Reason {
     pub fn code(self) -> u16 {
         match self {
             Reason::BadRequest => 400,
+            Reason::Unauthorized => 401,
             Reason::Forbidden => 403,
             Reason::NotFound => 404,
             Reason::MethodNotAllowed => 405,
@@ -50,6 +53,7 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::BadRequest => "BadRequest",
+            Reason::Unauthorized => "Unauthorized",
             Reason::Forbidden => "Forbidden",
             Reason::NotFound => "NotFound",
             Reason::MethodNotAllowed => "MethodNotAllowed",

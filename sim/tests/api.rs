@@ -321,19 +321,94 @@ async fn errors_carry_the_status_codes_and_reasons_of_the_real_server() {
     );
 }
 
-/// The status line's code of `GET path` sent with `Host: host`, over a raw connection.
+/// The status line's code of `GET path` sent with `Host: host` and the server's token, over
+/// a raw TLS connection.
 async fn status_for_host(server: &Server, host: &str, path: &str) -> u16 {
+    let authorization = format!("Authorization: Bearer {}\r\n", server.token());
+    raw_status(server, &format!("Host: {host}\r\n{authorization}"), path).await
+}
+
+/// The status line's code of `GET path` with `headers` (each ending in CRLF), over a raw TLS
+/// connection that trusts the server's CA.
+async fn raw_status(server: &Server, headers: &str, path: &str) -> u16 {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = rustls::pki_types::pem::PemObject::from_pem_slice(server.ca_pem().as_bytes()).unwrap();
+    roots.add(ca).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(server.addr().ip().into());
+    let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
+    // A TLS close without close_notify is an error here; what was read is enough.
+    let _ = stream.read_to_string(&mut response).await;
     response
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {response}"))
+}
+
+/// Without the token the kubeconfig carries, nothing is answered: not with no
+/// `Authorization`, another token, another scheme, or the token's prefix.
+#[tokio::test]
+async fn only_requests_with_the_bearer_token_are_answered() {
+    let sim = server().await;
+    let host = format!("Host: {}\r\n", sim.addr());
+    let token = sim.token().to_owned();
+    assert_eq!(token.len(), 64, "a 256-bit token in hex: {token}");
+    for path in ["/version", "/api/v1/namespaces/airflow/pods", "/api"] {
+        assert_eq!(raw_status(&sim, &host, path).await, 401, "{path}");
+    }
+    for authorization in [
+        format!("Bearer {}", &token[..63]),
+        format!("Bearer {token}x"),
+        format!("Basic {token}"),
+        format!("bearer{token}"),
+        format!("Bearer {}", server().await.token()),
+    ] {
+        let headers = format!("{host}Authorization: {authorization}\r\n");
+        assert_eq!(
+            raw_status(&sim, &headers, "/version").await,
+            401,
+            "{authorization}"
+        );
+    }
+    let headers = format!("{host}Authorization: Bearer {token}\r\n");
+    assert_eq!(raw_status(&sim, &headers, "/version").await, 200);
+}
+
+/// Plain HTTP gets no answer: the simulator only speaks TLS.
+#[tokio::test]
+async fn plain_http_is_not_served() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let sim = server().await;
+    let mut stream = tokio::net::TcpStream::connect(sim.addr()).await.unwrap();
+    let request = format!(
+        "GET /version HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        sim.addr(),
+        sim.token()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    assert!(
+        !String::from_utf8_lossy(&response).contains("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
 }
 
 /// DNS rebinding: a web page whose own name resolves to 127.0.0.1 sends that name as the

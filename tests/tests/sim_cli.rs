@@ -26,14 +26,30 @@ fn sim_prints_its_address_writes_a_kubeconfig_and_stops_on_sigterm() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
     assert!(
-        url.starts_with("http://127.0.0.1:") && !url.ends_with(":0"),
+        url.starts_with("https://127.0.0.1:") && !url.ends_with(":0"),
         "{url}"
     );
-    assert!(std::fs::read_to_string(&kubeconfig).unwrap().contains(url));
+    let written = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(written.contains(url), "{written}");
+    assert!(
+        written.contains("certificate-authority-data: "),
+        "{written}"
+    );
+    assert!(written.contains("token: "), "{written}");
+    // It holds the token: its owner's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&kubeconfig).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 
     let (ok, stdout, stderr) = kubectl(&kubeconfig, &["get", "namespaces", "-o", "name"]);
     assert!(ok, "{stderr}");
     assert!(stdout.lines().any(|l| l == "namespace/airflow"), "{stdout}");
+    // The same server without the kubeconfig's user: kubectl is refused.
+    let (ok, _, stderr) = kubectl(
+        &kubeconfig,
+        &["get", "namespaces", "--token", "not-the-token"],
+    );
+    assert!(!ok && stderr.contains("Unauthorized"), "{stderr}");
 
     let term = Command::new("kill")
         .arg("-TERM")
