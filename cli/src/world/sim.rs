@@ -16,9 +16,9 @@ use podstream_sim::{CustomResource, Kubelet, KubeletConfig, Server, SimConfig};
     after_help = "Examples:\n  podstream sim --listen 127.0.0.1:8001 --kubeconfig /tmp/sim.kubeconfig &\n  kubectl --kubeconfig /tmp/sim.kubeconfig get pods -A -w\n  podstream sim --kubeconfig /tmp/sim.kubeconfig --crd sim/crds/sparkapplications.yaml   # with SparkApplications"
 )]
 pub struct SimArgs {
-    /// Address to serve the Kubernetes API on (port 0 picks a free port). Loopback by
-    /// default: the simulator has no authentication, and with --kubelet it runs each pod's
-    /// command as the user who started it, so serve it beyond this machine only on purpose.
+    /// Address to serve the Kubernetes API on, over TLS (port 0 picks a free port). Loopback
+    /// by default: with --kubelet it runs each pod's command as the user who started it, so
+    /// serve it beyond this machine only on purpose.
     #[arg(long, env = "PODSTREAM_SIM_LISTEN", default_value = "127.0.0.1:8001")]
     listen: SocketAddr,
     /// A host name the API answers to besides loopback ones (the `Host` header: a web page
@@ -30,7 +30,8 @@ pub struct SimArgs {
         value_name = "NAME"
     )]
     allow_host: Vec<String>,
-    /// Where to write a kubeconfig for kubectl and the kube crate.
+    /// Where to write a kubeconfig for kubectl and the kube crate (0600: it holds the CA made
+    /// at start and the bearer token every request must carry).
     #[arg(long, env = "PODSTREAM_SIM_KUBECONFIG")]
     kubeconfig: PathBuf,
     /// Changes kept for watches and paged lists; reads from older resourceVersions get 410 Gone.
