@@ -92,6 +92,8 @@ pub enum Kubernetes {
     /// A control plane of its own (kube-apiserver and etcd, [`crate::control_plane`]) with
     /// `podstream kubelet` as its node.
     Real,
+    /// [`Kubernetes::Real`] with a node that runs one pod at a time (`--max-pods 1`).
+    RealOnePodAtATime,
 }
 
 /// One task instance as the metadata DB holds it.
@@ -514,7 +516,8 @@ impl RealAirflow {
         match kubernetes {
             Kubernetes::Simulated => real.start_sim(None),
             Kubernetes::SimulatedOnePodAtATime => real.start_sim(Some(1)),
-            Kubernetes::Real => real.start_control_plane(),
+            Kubernetes::Real => real.start_control_plane(None),
+            Kubernetes::RealOnePodAtATime => real.start_control_plane(Some(1)),
         }
         real.start_podstream();
         real.recorder = Some(Recorder::start(&real.kubeconfig));
@@ -589,8 +592,8 @@ impl RealAirflow {
     }
 
     /// A control plane of its own, its admin's kubeconfig as the stage's, the namespace
-    /// `airflow`, and `podstream kubelet` as its node.
-    fn start_control_plane(&mut self) {
+    /// `airflow`, and `podstream kubelet` as its node, running at most `max_pods` at once.
+    fn start_control_plane(&mut self, max_pods: Option<usize>) {
         let plane =
             crate::control_plane::ControlPlane::start(crate::control_plane::Options::default());
         plane.create_namespace("airflow");
@@ -624,6 +627,9 @@ impl RealAirflow {
             .arg(self.pod_env_names())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", &kubelet_kubeconfig);
+        if let Some(max) = max_pods {
+            command.arg("--max-pods").arg(max.to_string());
+        }
         let kubelet = Service::spawn(
             "podstream kubelet",
             command,

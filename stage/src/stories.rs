@@ -303,6 +303,7 @@ fn act_once(
     // (k) needs a node with room for one pod, which a pod of the stage's fills first.
     let kubernetes = match (story, kubernetes) {
         (Story::PendingCopy, Kubernetes::Simulated) => Kubernetes::SimulatedOnePodAtATime,
+        (Story::PendingCopy, Kubernetes::Real) => Kubernetes::RealOnePodAtATime,
         _ => kubernetes,
     };
     let mut real = RealAirflow::set_up_on(airflow, Dags::Story, executor, kubernetes);

@@ -1,7 +1,8 @@
 //! The seed stories on a real Kubernetes control plane: real Airflow 3.1 schedulers whose
 //! kubernetes client talks to kube-apiserver (RBAC and admission on), `podstream kubelet` as
 //! the node, once with the stock KubernetesExecutor and once with `PodstreamKubernetesExecutor`
-//! beside `podstream run --collect-pods`; one story per seed. What each executor makes of each
+//! beside `podstream run --collect-pods`; one story per seed, and trust's stories (j) and (k)
+//! with podstream's executor. What each executor makes of each
 //! story is the same as on the simulator (tests/tests/stock_airflow.rs and
 //! podstream_stories.rs): the story outcomes do not hang on the simulator's own answers. The
 //! audit log counts who deleted each pod: with podstream's collector every ended pod is deleted
@@ -15,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Deleter, Executor, Kubernetes, RealAirflow};
-use podstream_tests::stories::{Story, ended_right, heading, outcome, play_on};
+use podstream_tests::stories::{
+    PENDING_COPY, PLANTED_COPY, Story, ended_right, heading, outcome, play_on,
+};
 
 /// Plays `story` with each executor on the real API server: podstream's must end right; the
 /// stock one's outcome must be `stock` (its callbacks, as on the simulator).
@@ -185,5 +188,68 @@ fn seed_003_second_pod_on_a_real_api_server() {
             "retry.podstream_story.works.1",
             "success.podstream_story.works.2",
         ],
+    );
+}
+
+/// Trust, story (j): before the task's pod exists, a copy of it (the run's names, try 1, the
+/// scheduler's job id) is created and succeeds at once. With signed pods it settles nothing:
+/// the real pod's failure fails try 1 and try 2 succeeds, and the collector, though its
+/// Role may delete pods, leaves the copy. Played with podstream's executor only: the stock
+/// executor's answer is the simulator suite's (`stock_airflow_3_1_copy_first`).
+#[test]
+fn copy_first_on_a_real_api_server() {
+    let airflow = Airflow::line("3.1");
+    let story = Story::CopyFirst;
+    let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
+    println!(
+        "{}\n{}\n{}",
+        heading(airflow, Executor::Podstream, story, &state),
+        outcome(&real, &state),
+        real.timeline()
+    );
+    if let Err(why) = ended_right(&real, &state, story) {
+        panic!("{why}\n{}", real.timeline());
+    }
+    assert!(
+        real.unsigned_warnings(PLANTED_COPY) > 0,
+        "podstream took the copy for a foreign pod:\n{}",
+        real.podstream_log()
+    );
+    let deleted = deletes_by(&real, Deleter::Podstream);
+    assert!(
+        !deleted.contains_key(PLANTED_COPY),
+        "the collector deleted the copy: {deleted:?}"
+    );
+    assert!(
+        worker_pods(&real).iter().any(|name| name == PLANTED_COPY),
+        "the copy is left where it was"
+    );
+}
+
+/// Trust, story (k): while the task's pod waits for the node's one slot, a copy of it that
+/// podstream cannot bind stays Pending with a container ended `Error` (the reason Airflow's
+/// default does not exclude): it fails nothing, and try 1 succeeds once the real pod runs.
+#[test]
+fn pending_copy_on_a_real_api_server() {
+    let airflow = Airflow::line("3.1");
+    let story = Story::PendingCopy;
+    let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
+    let timeline = real.timeline();
+    println!(
+        "{}\n{}\n{timeline}",
+        heading(airflow, Executor::Podstream, story, &state),
+        outcome(&real, &state),
+    );
+    if let Err(why) = ended_right(&real, &state, story) {
+        panic!("{why}\n{timeline}");
+    }
+    assert!(
+        timeline.contains("with the copy failed, the task is queued"),
+        "the task was not queued while the copy failed:\n{timeline}"
+    );
+    assert!(
+        real.unsigned_warnings(PENDING_COPY) > 0,
+        "podstream took the copy for a foreign pod:\n{}",
+        real.podstream_log()
     );
 }
