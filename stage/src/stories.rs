@@ -413,6 +413,31 @@ pub fn ended_right(real: &RealAirflow, state: &str, story: Story) -> Result<(), 
     }
 }
 
+/// For the trust stories, (j) and (k), with podstream's executor: podstream refused the
+/// story's copy as a pod without a valid signature, and in (k) the task was still `queued`
+/// once the copy had failed. `Err` says what did not hold; every other story is `Ok`.
+pub fn copy_refused(real: &RealAirflow, story: Story) -> Result<(), String> {
+    let copy = match story {
+        Story::CopyFirst => PLANTED_COPY,
+        Story::PendingCopy => PENDING_COPY,
+        _ => return Ok(()),
+    };
+    if story == Story::PendingCopy
+        && !real
+            .timeline()
+            .contains("with the copy failed, the task is queued")
+    {
+        return Err("the task was not queued once the copy had failed".to_owned());
+    }
+    if real.unsigned_warnings(copy) == 0 {
+        return Err(format!(
+            "podstream never refused {copy} as unsigned:\n{}",
+            real.podstream_log()
+        ));
+    }
+    Ok(())
+}
+
 /// A story whose pod ended while its scheduler was down leaves no pod of the task behind but
 /// a failed one: the adopting scheduler deletes the rest (`delete_worker_pods`, on by
 /// default) and keeps failed pods for their logs (`delete_worker_pods_on_failure`, off).

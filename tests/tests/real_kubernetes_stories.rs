@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use podstream_tests::airflow::Airflow;
 use podstream_tests::real_airflow::{Deleter, Executor, Kubernetes, RealAirflow};
 use podstream_tests::stories::{
-    PENDING_COPY, PLANTED_COPY, Story, ended_right, heading, outcome, play_on,
+    PLANTED_COPY, Story, copy_refused, ended_right, heading, outcome, play_on,
 };
 
 /// Plays `story` with each executor on the real API server: podstream's must end right; the
@@ -49,6 +49,18 @@ fn side_by_side(story: Story, stock: &[&str]) {
     );
     drop(real);
 
+    let real = podstream_ends_right(story);
+    every_ended_pod_deleted_once(&real);
+    println!(
+        "podstream seconds from a pod's end to its DELETE: {:?}",
+        end_to_delete(&real, Deleter::Podstream)
+    );
+}
+
+/// Plays `story` with podstream's executor on the real API server (Airflow 3.1); it must end
+/// right, and a trust story's copy must have been refused.
+fn podstream_ends_right(story: Story) -> RealAirflow {
+    let airflow = Airflow::line("3.1");
     let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
     println!(
         "{}\n{}\n{}",
@@ -56,14 +68,10 @@ fn side_by_side(story: Story, stock: &[&str]) {
         outcome(&real, &state),
         real.timeline()
     );
-    if let Err(why) = ended_right(&real, &state, story) {
+    if let Err(why) = ended_right(&real, &state, story).and_then(|()| copy_refused(&real, story)) {
         panic!("{why}\n{}", real.timeline());
     }
-    every_ended_pod_deleted_once(&real);
-    println!(
-        "podstream seconds from a pod's end to its DELETE: {:?}",
-        end_to_delete(&real, Deleter::Podstream)
-    );
+    real
 }
 
 /// Seconds from each pod's last status write by the kubelet (its end, for a pod that ran to
@@ -198,23 +206,7 @@ fn seed_003_second_pod_on_a_real_api_server() {
 /// executor's answer is the simulator suite's (`stock_airflow_3_1_copy_first`).
 #[test]
 fn copy_first_on_a_real_api_server() {
-    let airflow = Airflow::line("3.1");
-    let story = Story::CopyFirst;
-    let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
-    println!(
-        "{}\n{}\n{}",
-        heading(airflow, Executor::Podstream, story, &state),
-        outcome(&real, &state),
-        real.timeline()
-    );
-    if let Err(why) = ended_right(&real, &state, story) {
-        panic!("{why}\n{}", real.timeline());
-    }
-    assert!(
-        real.unsigned_warnings(PLANTED_COPY) > 0,
-        "podstream took the copy for a foreign pod:\n{}",
-        real.podstream_log()
-    );
+    let real = podstream_ends_right(Story::CopyFirst);
     let deleted = deletes_by(&real, Deleter::Podstream);
     assert!(
         !deleted.contains_key(PLANTED_COPY),
@@ -231,25 +223,5 @@ fn copy_first_on_a_real_api_server() {
 /// default does not exclude): it fails nothing, and try 1 succeeds once the real pod runs.
 #[test]
 fn pending_copy_on_a_real_api_server() {
-    let airflow = Airflow::line("3.1");
-    let story = Story::PendingCopy;
-    let (real, state) = play_on(airflow, Executor::Podstream, story, Kubernetes::Real);
-    let timeline = real.timeline();
-    println!(
-        "{}\n{}\n{timeline}",
-        heading(airflow, Executor::Podstream, story, &state),
-        outcome(&real, &state),
-    );
-    if let Err(why) = ended_right(&real, &state, story) {
-        panic!("{why}\n{timeline}");
-    }
-    assert!(
-        timeline.contains("with the copy failed, the task is queued"),
-        "the task was not queued while the copy failed:\n{timeline}"
-    );
-    assert!(
-        real.unsigned_warnings(PENDING_COPY) > 0,
-        "podstream took the copy for a foreign pod:\n{}",
-        real.podstream_log()
-    );
+    podstream_ends_right(Story::PendingCopy);
 }
