@@ -1,6 +1,6 @@
 //! Serving the simulator over HTTPS, and the kubeconfig that points clients at it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
 use base64::Engine as _;
@@ -96,9 +96,15 @@ impl Server {
         self.addr
     }
 
-    /// `https://host:port`.
+    /// `https://host:port`, as a client on this machine reaches it: loopback when the
+    /// server listens on every interface (`0.0.0.0`, `::`), a name it answers to.
     pub fn url(&self) -> String {
-        format!("https://{}", self.addr)
+        let ip = match self.addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        format!("https://{}", SocketAddr::new(ip, self.addr.port()))
     }
 
     /// The CA that signed the server's certificate, PEM.

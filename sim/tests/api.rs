@@ -390,6 +390,21 @@ async fn only_requests_with_the_bearer_token_are_answered() {
     assert_eq!(raw_status(&sim, &headers, "/version").await, 200);
 }
 
+/// A simulator on every interface writes a kubeconfig that reaches it through loopback, a
+/// name its certificate and its Host check both accept.
+#[tokio::test]
+async fn a_server_on_every_interface_is_reached_through_loopback() {
+    let sim = Server::start("0.0.0.0:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        sim.url(),
+        format!("https://127.0.0.1:{}", sim.addr().port())
+    );
+    let namespaces: Api<Namespace> = Api::all(client(&sim).await);
+    assert!(namespaces.get_opt("default").await.unwrap().is_some());
+}
+
 /// Plain HTTP gets no answer: the simulator only speaks TLS.
 #[tokio::test]
 async fn plain_http_is_not_served() {
