@@ -147,20 +147,18 @@ preferences: {{}}
         )
     }
 
-    /// Writes the kubeconfig to a file only its owner may read (it holds the token).
+    /// Writes the kubeconfig to a new file only its owner may read (it holds the token),
+    /// replacing an older one, as `podstream run` writes its nats-server's token.
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), ServerError> {
         use std::io::Write as _;
-        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        use std::os::unix::fs::OpenOptionsExt as _;
         let failed = |error| ServerError::Kubeconfig(path.to_owned(), error);
+        let _ = std::fs::remove_file(path);
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(failed)?;
-        // `mode` applies only to a file it creates.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(failed)?;
         file.write_all(self.kubeconfig().as_bytes()).map_err(failed)
     }
