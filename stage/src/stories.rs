@@ -425,7 +425,7 @@ pub fn copy_refused(real: &RealAirflow, story: Story) -> Result<(), String> {
     if story == Story::PendingCopy
         && !real
             .timeline()
-            .contains("with the copy failed, the task is queued")
+            .contains(&format!("{COPY_FAILED_NOTE} queued"))
     {
         return Err("the task was not queued once the copy had failed".to_owned());
     }
@@ -671,6 +671,9 @@ fn is_planted_copy(pod: &Value) -> bool {
     pod["metadata"]["name"] == PLANTED_COPY || pod["metadata"]["name"] == PENDING_COPY
 }
 
+/// (k)'s note once the copy has failed, before the task's state.
+const COPY_FAILED_NOTE: &str = "with the copy failed, the task is";
+
 /// The run `@once` makes of the story DAG: what a copy made in advance can name.
 pub const STORY_RUN_ID: &str = "scheduled__2026-01-01T00:00:00+00:00";
 
@@ -797,7 +800,7 @@ fn fail_a_copy_while_the_pod_waits(real: &mut RealAirflow) -> Result<(), String>
         std::thread::sleep(Duration::from_secs(10));
     }
     match story_ti(real) {
-        Some((_, state, _)) => real.note(format!("with the copy failed, the task is {state}")),
+        Some((_, state, _)) => real.note(format!("{COPY_FAILED_NOTE} {state}")),
         None => real.note("with the copy failed, there is no task instance"),
     }
     tell(real, "1", "succeed");
