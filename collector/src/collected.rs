@@ -56,20 +56,20 @@ pub struct Collected {
     pub driver: Option<PodRef>,
 }
 
+/// The role in the name of a prefix's bucket of pods collected (`<prefix>-collect`).
+pub const BUCKET_ROLE: &str = "collect";
+
 /// The subjects of the entries of the bucket of pods collected under `subjects`' prefix
 /// (`$KV.<prefix>-collect.>`), which `tail` subscribes to.
 pub fn entry_filter(subjects: &Subjects) -> String {
-    format!(
-        "$KV.{}.>",
-        subjects.resource_name(crate::service::BUCKET_ROLE)
-    )
+    format!("$KV.{}.>", subjects.resource_name(BUCKET_ROLE))
 }
 
 /// Whether `subject` is an entry of the bucket of pods collected under `subjects`' prefix.
 pub fn is_entry(subjects: &Subjects, subject: &str) -> bool {
     subject
         .strip_prefix("$KV.")
-        .and_then(|rest| rest.strip_prefix(&subjects.resource_name(crate::service::BUCKET_ROLE)))
+        .and_then(|rest| rest.strip_prefix(&subjects.resource_name(BUCKET_ROLE)))
         .is_some_and(|rest| rest.starts_with('.'))
 }
 

@@ -1,5 +1,5 @@
 """The package against podstream's contract: ``contract.json`` beside this file is made from
-podstream's Rust definitions (``tests/tests/podstream_airflow.rs`` checks it is current), so a
+podstream's Rust definitions (``tests/tests/airflow/podstream_airflow.rs`` checks it is current), so a
 change on either side that the other does not follow fails here."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podstream_airflow import config, consumer, executor, signing, spark, wire
+from podstream_airflow import config, consumer, signing, spark, ti_pod, wire
 
 CONTRACT = json.loads((Path(__file__).parent / "contract.json").read_text())
 
@@ -58,6 +58,6 @@ def test_pods_are_signed_as_the_processor_checks():
 
 def test_adoption_reads_the_sinks_table_as_the_sink_writes_it():
     ti_pod = CONTRACT["ti_pod"]
-    assert executor.TI_POD_TABLE == ti_pod["table"]
-    assert set(executor.TI_POD_COLUMNS) | {"last_command"} <= set(ti_pod["columns"])
-    assert executor.ALIVE_AFTER == tuple(ti_pod["live_commands"])
+    assert ti_pod.TI_POD_TABLE == ti_pod["table"]
+    assert set(ti_pod.TI_POD_COLUMNS) | {"last_command"} <= set(ti_pod["columns"])
+    assert ti_pod.ALIVE_AFTER == tuple(ti_pod["live_commands"])

@@ -1,6 +1,6 @@
 """The executor with real parts: a real nats-server with JetStream, podstream's Kubernetes
 simulator, and Airflow's metadata DB made by Airflow's own migrations. podstream's test suite
-runs this file (tests/tests/podstream_airflow.rs) with:
+runs this file (tests/tests/airflow/podstream_airflow.rs) with:
 
 - ``PODSTREAM_BIN``: the ``podstream`` binary (for ``podstream sim``);
 - ``PODSTREAM_NATS_SERVER``: a ``nats-server`` binary;

@@ -62,8 +62,7 @@ pub const STREAMS: [Stream; 3] = [Stream::PodEvents, Stream::Commands, Stream::D
 pub const DEFAULT_CONSUMER: &str = "podstream-collect";
 /// The KV bucket of pods collected by default.
 pub const DEFAULT_BUCKET: &str = "podstream-collect";
-/// The role in the name of a prefix's bucket of pods collected (`<prefix>-collect`).
-pub const BUCKET_ROLE: &str = "collect";
+pub use crate::collected::BUCKET_ROLE;
 /// Commands handled at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 16;
 

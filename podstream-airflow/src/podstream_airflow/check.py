@@ -130,7 +130,7 @@ def _adoption_record() -> Line:
     from sqlalchemy import text
     from sqlalchemy.exc import SQLAlchemyError
 
-    from podstream_airflow.executor import TI_POD_TABLE
+    from podstream_airflow.ti_pod import TI_POD_TABLE
 
     if settings.engine is None:
         return Line("adoption record", "Airflow has no database engine configured", CONFIGURATION)

@@ -16,7 +16,6 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
-from airflow import settings
 from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_utils
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
@@ -25,13 +24,12 @@ from airflow.stats import Stats
 from airflow.utils.state import TaskInstanceState
 from google.protobuf.message import DecodeError
 from kubernetes.client.rest import ApiException
-from sqlalchemy import bindparam, text
-from sqlalchemy.exc import SQLAlchemyError
 
 from podstream_airflow.commands import Ignored, WatcherEvent, meaning
 from podstream_airflow.config import PodstreamConfig
 from podstream_airflow.consumer import CommandConsumer, Delivery
 from podstream_airflow.signing import read_key, sign_pod
+from podstream_airflow.ti_pod import live_pods
 from podstream_airflow.wire import decode_command
 
 #: Command ids remembered to recognize a redelivery (an ack that did not reach NATS).
@@ -314,40 +312,6 @@ class PodstreamKubernetesExecutor(KubernetesExecutor):
         self._handled[command_id] = None
         while len(self._handled) > REMEMBERED_COMMANDS:
             self._handled.popitem(last=False)
-
-
-#: The commands after which podstream's record says a TI's pod is alive.
-ALIVE_AFTER = ("running", "transfer")
-#: The sink's table of each TI's pod, and the columns adoption reads of it.
-TI_POD_TABLE = "podstream_ti_pod"
-TI_POD_COLUMNS = ("dag_id", "task_id", "run_id", "map_index", "try_number", "pod_namespace", "pod_name")
-
-
-def live_pods(tis: Sequence[Any]) -> list:
-    """(namespace, name) of each TI's pod that podstream's sink last recorded alive, from its
-    ``podstream_ti_pod`` table in the metadata DB (none where the table is not there)."""
-    wanted = {(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number) for ti in tis}
-    if not wanted:
-        return []
-    dag_ids = sorted({key[0] for key in wanted})
-    statement = text(
-        f"SELECT {', '.join(TI_POD_COLUMNS)} "
-        f"FROM {TI_POD_TABLE} WHERE last_command IN :alive AND dag_id IN :dag_ids"
-    ).bindparams(bindparam("alive", expanding=True), bindparam("dag_ids", expanding=True))
-    try:
-        # A connection of its own: the scheduler's session holds the TIs being adopted, and
-        # closing it (as a `create_session` block does) would detach them.
-        if settings.engine is None:
-            raise SQLAlchemyError("Airflow has no database engine configured")
-        with settings.engine.connect() as connection:
-            rows = connection.execute(statement, {"alive": list(ALIVE_AFTER), "dag_ids": dag_ids}).fetchall()
-    except SQLAlchemyError as error:
-        # A missing grant (docs/install.md) makes adoption fall back to labels: say so loudly.
-        logging.getLogger(__name__).warning(
-            "podstream: no record of pods to adopt by (%s); adopting by labels only", type(error).__name__
-        )
-        return []
-    return [(row[5], row[6]) for row in rows if tuple(row[:5]) in wanted]
 
 
 def _watch(event: WatcherEvent) -> KubernetesWatch:

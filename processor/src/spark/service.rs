@@ -36,8 +36,8 @@ use tracing::{debug, info, warn};
 
 use super::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
 use crate::publish::publish;
-use crate::service::ProcessError;
 use crate::stats::ProcessStats;
+use podstream_bus::StageError;
 
 /// The KV bucket of Spark records by default.
 pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";
@@ -90,19 +90,19 @@ impl SparkConsumer {
         bucket: &str,
         pinned: Pinned<'_>,
         pulling: Pulling,
-    ) -> Result<SparkConsumer, ProcessError> {
+    ) -> Result<SparkConsumer, StageError> {
         let description =
             "podstream processor: per Spark job, its driver pods and the driver chosen";
         // Kept as long and as replicated as the Spark stream.
         let records = streams::bucket_beside(js, bucket, description, spark)
             .await
-            .map_err(|source| ProcessError::Bucket {
+            .map_err(|source| StageError::Bucket {
                 bucket: bucket.to_owned(),
                 source,
             })?;
         let stream = streams::while_unavailable(&spark.name, || js.get_stream(&spark.name))
             .await
-            .map_err(|source| ProcessError::Stream {
+            .map_err(|source| StageError::Stream {
                 stream: spark.name.clone(),
                 source,
             })?;
