@@ -102,7 +102,7 @@ fi
 # Kubernetes' own control plane and kubectl, from their Go modules.
 "$root/scripts/kubernetes-tools.sh"
 
-# The checkers of deploy/'s manifests and image recipe (tests/tests/deploy.rs).
+# The checkers of deploy/'s manifests and image recipe (tests/tests/release/deploy.rs).
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 CHECKOV_VERSION="3.3.30"
 if ! "$tools/deploy/bin/python" -c "
@@ -121,7 +121,7 @@ fi
 # podstream-airflow, the executor package, built from this checkout as a wheel and installed
 # (not editable, as a user installs it) with pytest, ruff and mypy into every Airflow venv: the
 # test suite runs its pytest suite there, and its linters in the newest
-# (tests/tests/podstream_airflow.rs); the stories' schedulers load it.
+# (tests/tests/airflow/podstream_airflow.rs); the stories' schedulers load it.
 # Rebuilt on every run (a few seconds), so the venvs never run an older copy.
 for venv in "$tools"/airflow-*/; do
     "$UV" pip install -q --python "$venv/bin/python" --reinstall-package podstream-airflow \

@@ -5,10 +5,14 @@
 # one fails (--no-fail-fast), so one report shows everything; the exit code is
 # still non-zero then. Extra arguments go to `cargo test`.
 #
-# --fast (first argument) runs the quick tier instead: every crate's unit, property and
-# integration tests but the end-to-end suite's, the end-to-end binaries in FAST_SUITES (the
-# simulator, nats-server and PostgreSQL; no Airflow scheduler, no kube-apiserver), and the
-# doctests. The whole suite stays what CI runs.
+# The end-to-end suites are one binary per tier, by what they need (docs/testing.md):
+# `offline`, `simulated` (the simulator, nats-server, PostgreSQL), `sink`, `apiserver`
+# (kube-apiserver), `airflow` (Airflow's own code, its schedulers among it) and `release`
+# (deploy/, the install page, the production build). At the end the script prints how long
+# each test binary ran, and each tier.
+#
+# --fast (first argument) runs the quick tier instead: every crate's own tests, the harness's,
+# the `offline` and `simulated` tiers, and the doctests. The whole suite stays what CI runs.
 #
 # PODSTREAM_TEST_BUSY_CORES=N keeps N cores busy with a spinning shell for the whole run: the
 # real-Airflow stories must pass on a loaded machine too, not by timing (their waits are sized
@@ -16,9 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The end-to-end binaries of the quick tier: each takes seconds.
-FAST_SUITES=(apply_cli check_cli custom_resources decide_cli docs examples exit_status house kubectl leftovers
-    nats_security process replay sim_cli spark_drivers streams tail timeline trust)
+# The tiers `--fast` runs beside every crate's own tests.
+FAST_TIERS=(offline simulated)
 fast=0
 if [ "${1:-}" = "--fast" ]; then
     fast=1
@@ -59,19 +62,51 @@ servers='postgres|nats-server|podstream|airflow|gunicorn|uvicorn|etcd|kube-apise
 before="$(pgrep -d ' ' -f "$servers" || true)"
 status=0
 export PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target/debug/podstream-production"
+# Each line of cargo's output passes through; each test binary's wall time is noted from its
+# `Running` line to the next one's (or the end).
+timings="$(mktemp)"
+timed() {
+    local line name="" start
+    while IFS= read -r line; do
+        printf '%s\n' "$line"
+        if [[ "$line" =~ ^[[:space:]]+(Running|Doc-tests)[[:space:]](.*)$ ]]; then
+            [ -n "$name" ] && echo "$name $(( ${EPOCHREALTIME/./} / 1000 - start ))" >>"$timings"
+            name="${BASH_REMATCH[2]}"
+            [ "${BASH_REMATCH[1]}" = Doc-tests ] && name="doctests_$name"
+            # `tests/simulated/main.rs (target/debug/deps/simulated-0a1b)` → `simulated`
+            [[ "$name" =~ \(.*/deps/([A-Za-z0-9_]+)-[0-9a-f]+\)$ ]] && name="${BASH_REMATCH[1]}"
+            name="${name// /_}"
+            start=$(( ${EPOCHREALTIME/./} / 1000 ))
+        fi
+    done
+    [ -n "$name" ] && echo "$name $(( ${EPOCHREALTIME/./} / 1000 - start ))" >>"$timings"
+    true
+}
+run_timed() { "$@" 2>&1 | timed; return "${PIPESTATUS[0]}"; }
+started=$SECONDS
 if ((fast)); then
-    suites=()
-    for suite in "${FAST_SUITES[@]}"; do suites+=(--test "$suite"); done
-    cargo test --workspace --exclude podstream-tests --all-targets --no-fail-fast "$@" || status=$?
-    cargo test -p podstream-tests --lib "${suites[@]}" --no-fail-fast "$@" || status=$?
+    tiers=()
+    for tier in "${FAST_TIERS[@]}"; do tiers+=(--test "$tier"); done
+    run_timed cargo test --workspace --exclude podstream-tests --all-targets --no-fail-fast "$@" || status=$?
+    run_timed cargo test -p podstream-tests --lib "${tiers[@]}" --no-fail-fast "$@" || status=$?
 else
-    cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
+    run_timed cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
 fi
 # The examples in the documentation (--all-targets leaves doctests out); a run narrowed by
 # arguments is about its own targets.
 if [ "$#" -eq 0 ]; then
-    cargo test --workspace --doc --no-fail-fast || status=$?
+    run_timed cargo test --workspace --doc --no-fail-fast || status=$?
 fi
+echo "test.sh: seconds per test binary (the end-to-end tiers first), $((SECONDS - started)) s in all:"
+tier_names="offline simulated sink apiserver airflow release"
+sort -k2,2nr "$timings" | while read -r name ms; do
+    case " $tier_names " in *" $name "*) printf '  %-40s %5d.%d s  (tier)\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) ;; esac
+done
+sort -k2,2nr "$timings" | while read -r name ms; do
+    case " $tier_names " in *" $name "*) continue ;; esac
+    printf '  %-40s %5d.%d s\n' "$name" $((ms / 1000)) $((ms % 1000 / 100))
+done
+rm -f "$timings"
 
 # A test's PostgreSQL is stopped by a watcher within a second of its process ending.
 sleep 2

@@ -4,7 +4,7 @@
 //! watch would otherwise retry a 403 for ever behind a pod that is up but never ready.
 //!
 //! The list is exactly what the ingest calls (the real API server's audit log of a whole run
-//! shows the same verbs: `tests/tests/kube_apiserver_deploy.rs`), and what
+//! shows the same verbs: `tests/tests/apiserver/kube_apiserver_deploy.rs`), and what
 //! `deploy/base/rbac.yaml` grants.
 
 use std::fmt;

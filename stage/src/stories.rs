@@ -8,8 +8,8 @@
 //! task's pod fails (a pod anyone can create must not fail a running task); before the task
 //! runs, (j) a copy of its pod succeeds first or (k) a copy fails while its pod waits (a copy
 //! must neither mute nor fail a try). Played with the stock executor
-//! (`tests/tests/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
-//! (`tests/tests/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
+//! (`tests/tests/airflow/stock_airflow.rs`, the baselines of docs/stock-airflow.md), with podstream's
+//! (`tests/tests/airflow/podstream_stories.rs`), and side by side by `podstream demo --airflow`.
 
 use std::time::{Duration, Instant};
 

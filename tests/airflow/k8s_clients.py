@@ -8,7 +8,7 @@
 `watcher` runs the cncf.kubernetes provider's `KubernetesJobWatcher` for one scheduler id
 and prints each result it queues (pod, state) as a JSON line behind `podstream-check: `,
 until SECONDS pass.
-The Rust tests (tests/tests/airflow_clients.rs) start the simulator and check the output.
+The Rust tests (tests/tests/airflow/airflow_clients.rs) start the simulator and check the output.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
 mod grants;
 mod outages;
 mod pooler;
+mod postgres_tls;
 mod retention;
 mod rules;
 mod service;

@@ -1,5 +1,5 @@
 """A success, a failure with one retry, and a task that runs a few seconds: the normal run
-that tests/tests/real_airflow.rs checks on each Airflow release. Works on Airflow 2.10 and 3.x."""
+that tests/tests/airflow/real_airflow.rs checks on each Airflow release. Works on Airflow 2.10 and 3.x."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One task that runs for $PODSTREAM_LONG_TASK_SECONDS: the seed stories (adoption, a
-scheduler restart, a second pod) happen while it runs (tests/tests/stock_airflow.rs).
+scheduler restart, a second pod) happen while it runs (tests/tests/airflow/stock_airflow.rs).
 
 A story can end a try sooner, as the pod would end on its own: a file named after the try
 number in $PODSTREAM_ENDINGS says `succeed` (the task returns and reports its success) or
