@@ -57,7 +57,7 @@ def test_pods_are_signed_as_the_processor_checks():
 
 
 def test_adoption_reads_the_sinks_table_as_the_sink_writes_it():
-    ti_pod = CONTRACT["ti_pod"]
-    assert ti_pod.TI_POD_TABLE == ti_pod["table"]
-    assert set(ti_pod.TI_POD_COLUMNS) | {"last_command"} <= set(ti_pod["columns"])
-    assert ti_pod.ALIVE_AFTER == tuple(ti_pod["live_commands"])
+    table = CONTRACT["ti_pod"]
+    assert ti_pod.TI_POD_TABLE == table["table"]
+    assert set(ti_pod.TI_POD_COLUMNS) | {"last_command"} <= set(table["columns"])
+    assert ti_pod.ALIVE_AFTER == tuple(table["live_commands"])

@@ -11,7 +11,6 @@ everything after that is Airflow's own code, unchanged.
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
