@@ -65,21 +65,22 @@ export PODSTREAM_BIN="$target/debug/podstream" PODSTREAM_PRODUCTION_BIN="$target
 # Each line of cargo's output passes through; each test binary's wall time is noted from its
 # `Running` line to the next one's (or the end).
 timings="$(mktemp)"
+now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 timed() {
     local line name="" start
     while IFS= read -r line; do
         printf '%s\n' "$line"
         if [[ "$line" =~ ^[[:space:]]+(Running|Doc-tests)[[:space:]](.*)$ ]]; then
-            [ -n "$name" ] && echo "$name $(( ${EPOCHREALTIME/./} / 1000 - start ))" >>"$timings"
+            [ -n "$name" ] && echo "$name $(( $(now_ms) - start ))" >>"$timings"
             name="${BASH_REMATCH[2]}"
             [ "${BASH_REMATCH[1]}" = Doc-tests ] && name="doctests_$name"
             # `tests/simulated/main.rs (target/debug/deps/simulated-0a1b)` → `simulated`
             [[ "$name" =~ \(.*/deps/([A-Za-z0-9_]+)-[0-9a-f]+\)$ ]] && name="${BASH_REMATCH[1]}"
             name="${name// /_}"
-            start=$(( ${EPOCHREALTIME/./} / 1000 ))
+            start=$(now_ms)
         fi
     done
-    [ -n "$name" ] && echo "$name $(( ${EPOCHREALTIME/./} / 1000 - start ))" >>"$timings"
+    [ -n "$name" ] && echo "$name $(( $(now_ms) - start ))" >>"$timings"
     true
 }
 run_timed() { "$@" 2>&1 | timed; return "${PIPESTATUS[0]}"; }
