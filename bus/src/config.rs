@@ -16,6 +16,9 @@ pub const DEFAULT_DEAD_LETTER_MAX_BYTES: u64 = 1 << 30;
 /// crashed instance held comes back this soon; a live one keeps what it works on longer with
 /// progress acks ([`crate::in_flight`]).
 pub const DEFAULT_ACK_WAIT_SECONDS: u64 = 4;
+/// Seconds a silent pinned instance keeps its consumer before a standby takes over, by
+/// default: the processor's and the collector's.
+pub const DEFAULT_FAILOVER_SECONDS: u64 = 5;
 /// Hours messages are kept for replay, by default.
 pub const DEFAULT_MAX_AGE_HOURS: u64 = 7 * 24;
 

@@ -340,6 +340,24 @@ pub fn bucket_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
 
+/// The KV bucket of task records by default: the processor writes it, the collector reads it.
+pub const DEFAULT_RECORDS_BUCKET: &str = "podstream-process";
+/// The role in the name of a prefix's bucket of task records (`<prefix>-process`, see
+/// [`podstream_proto::subject::Subjects::resource_name`]).
+pub const RECORDS_BUCKET_ROLE: &str = "process";
+
+/// The KV bucket of task records `name`, opened (made when missing) as long-lived and as
+/// replicated as the pod-events stream `pods`: for the processor, and for the collector that
+/// reads it.
+pub async fn records_bucket(
+    js: &jetstream::Context,
+    name: &str,
+    pods: &stream::Config,
+) -> Result<jetstream::kv::Store, StreamError> {
+    let description = "podstream processor: per task instance, its pods' states";
+    bucket_beside(js, name, description, pods).await
+}
+
 /// Opens KV bucket `name` (see [`bucket`]) for records kept as long and as replicated as the
 /// stream `beside` that they follow, one value per key, on file storage.
 pub async fn bucket_beside(

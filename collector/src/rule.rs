@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
-use podstream_processor::duplicates;
-use podstream_processor::record::TaskRecord;
-use podstream_processor::state::Candidate;
 use podstream_proto::v1::{Command, Phase, PodRef, TaskKey, command::Kind};
+use podstream_rules::duplicates;
+use podstream_rules::record::TaskRecord;
+use podstream_rules::state::Candidate;
 
 /// The fail reason of a pod deleted while it ran: someone is deleting it already.
 const DELETED_WHILE_RUNNING: &str = "deleted_while_running";

@@ -5,7 +5,7 @@
 // Test code: a panic is the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../processor/tests/support/mod.rs"]
+#[path = "../../rules/tests/support/mod.rs"]
 mod events;
 mod support;
 

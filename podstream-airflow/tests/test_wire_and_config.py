@@ -30,7 +30,7 @@ def test_key_tokens_are_podstreams(value, token):
 
 
 def test_a_spark_jobs_key_is_the_processors():
-    # The same key as `keys_are_subject_tokens` in processor/src/spark.rs.
+    # The same key as `keys_are_subject_tokens` in rules/src/spark.rs.
     labels = {"dag_id": "etl", "task_id": "crunch", "run_id": "manual__2026-11-30T10:00:00+00:00"}
     assert job_key("airflow", labels) == "job.airflow.etl.crunch.manual__2026-11-30T10=3A00=3A00=2B00=3A00.-1"
     assert job_key("airflow", {**labels, "map_index": "3"}).endswith(".3")

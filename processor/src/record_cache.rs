@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use hashlink::LruCache;
 
-use crate::record::TaskRecord;
+use podstream_rules::record::TaskRecord;
 
 /// A record as this instance last wrote or read it.
 #[derive(Debug, Clone, PartialEq)]

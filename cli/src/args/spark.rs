@@ -2,7 +2,7 @@
 //! `ingest`, `process` and `run` (issue 25).
 
 use clap::Args;
-use podstream_processor::spark::service::SPARK_ROLE;
+use podstream_processor::spark::SPARK_ROLE;
 use podstream_proto::subject::Subjects;
 
 /// Whether Spark driver pods are watched (ingest) and decided (process).

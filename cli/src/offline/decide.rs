@@ -9,10 +9,10 @@ use anyhow::Context;
 use podstream_ingest::pod_json::{Projected, project_watch_event};
 use podstream_ingest::project;
 use podstream_ingest::watch_json::{WatchItem, read_json};
-use podstream_processor::spark::SparkJobs;
-use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::line::CommandLine;
 use podstream_proto::v1::{PodEvent, PodRef, SparkEvent};
+use podstream_rules::spark::SparkJobs;
+use podstream_rules::{MemoryStore, Processor, Rules};
 use tracing::{debug, info, warn};
 
 use crate::offline::json_stream::{Frame, JsonFrames, MAX_VALUE_BYTES, Next};
@@ -45,7 +45,7 @@ pub struct RulesArgs {
     #[arg(
         long,
         env = "PODSTREAM_FATAL_REASONS",
-        default_value_t = podstream_processor::rules::DEFAULT_FATAL_REASONS.join(",")
+        default_value_t = podstream_rules::table::DEFAULT_FATAL_REASONS.join(",")
     )]
     pub fatal_reasons: String,
     /// Treat a pod without a valid `podstream.io/signature` (written by

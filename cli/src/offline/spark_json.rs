@@ -1,6 +1,6 @@
 //! Spark driver pods and SparkApplications in Kubernetes JSON (kubectl's `-o json`, watch
 //! events or lists), split from the worker pods and projected by the ingest's own
-//! `spark::projection` into the events `podstream_processor::spark` takes.
+//! `spark::projection` into the events `podstream_rules::spark` takes.
 
 use podstream_ingest::spark::projection::{project_spark, spark_kind};
 use podstream_proto::v1::{EventType, PodRef, SparkEvent};

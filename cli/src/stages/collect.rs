@@ -38,7 +38,7 @@ pub struct CollectArgs {
     #[arg(long, env = "PODSTREAM_COLLECT_CONCURRENCY", default_value_t = service::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Seconds a silent instance keeps the consumer before a standby instance takes over.
-    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = podstream_processor::service::DEFAULT_FAILOVER_SECONDS)]
+    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = podstream_bus::config::DEFAULT_FAILOVER_SECONDS)]
     pub failover_seconds: u64,
     #[command(flatten)]
     pub ack_wait: AckWaitArgs,
@@ -60,7 +60,7 @@ impl CollectArgs {
                 .clone()
                 .unwrap_or_else(|| subjects.resource_name(service::BUCKET_ROLE)),
             records_bucket: self.process_bucket.clone().unwrap_or_else(|| {
-                subjects.resource_name(podstream_processor::service::BUCKET_ROLE)
+                subjects.resource_name(podstream_bus::streams::RECORDS_BUCKET_ROLE)
             }),
             settings: self.collection.settings(self.kube.namespaces()),
             concurrency: self.concurrency,

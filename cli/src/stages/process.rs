@@ -40,7 +40,7 @@ pub struct ProcessArgs {
     #[arg(long, env = "PODSTREAM_PROCESS_CONCURRENCY", default_value_t = service::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Seconds a silent instance keeps its consumer before a standby instance takes over.
-    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = service::DEFAULT_FAILOVER_SECONDS)]
+    #[arg(long, env = "PODSTREAM_FAILOVER_SECONDS", default_value_t = podstream_bus::config::DEFAULT_FAILOVER_SECONDS)]
     pub failover_seconds: u64,
     #[command(flatten)]
     pub ack_wait: AckWaitArgs,
@@ -77,10 +77,9 @@ impl ProcessArgs {
                 .cloned()
                 .collect(),
             consumer: self.consumer.clone(),
-            bucket: self
-                .bucket
-                .clone()
-                .unwrap_or_else(|| subjects.resource_name(service::BUCKET_ROLE)),
+            bucket: self.bucket.clone().unwrap_or_else(|| {
+                subjects.resource_name(podstream_bus::streams::RECORDS_BUCKET_ROLE)
+            }),
             rules: self.rules.rules()?,
             batch_size: self.batch_size,
             concurrency: self.concurrency,

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use podstream_bus::local_server::{LocalServer, find_binary};
+use podstream_bus::streams::RECORDS_BUCKET_ROLE;
 use podstream_collector::service::CollectConfig;
 use podstream_ingest::service::{CHECKPOINT_ROLE, IngestConfig, kube_client};
-use podstream_processor::service::{BUCKET_ROLE, ProcessConfig};
+use podstream_processor::service::ProcessConfig;
 use podstream_sink::Database;
 use podstream_sink::service::SinkConfig;
 
@@ -90,7 +91,7 @@ impl RunArgs {
                 ..IngestConfig::default()
             },
             process: ProcessConfig {
-                bucket: subjects.resource_name(BUCKET_ROLE),
+                bucket: subjects.resource_name(RECORDS_BUCKET_ROLE),
                 rules: self.rules.rules()?,
                 ack_wait: self.ack_wait.ack_wait(),
                 spark_bucket: self.spark_bucket.bucket(&self.spark, &subjects),
@@ -103,7 +104,7 @@ impl RunArgs {
             }),
             collect: self.collect_pods.then(|| CollectConfig {
                 bucket: subjects.resource_name(podstream_collector::service::BUCKET_ROLE),
-                records_bucket: subjects.resource_name(BUCKET_ROLE),
+                records_bucket: subjects.resource_name(RECORDS_BUCKET_ROLE),
                 settings: self.collection.settings(self.kube.namespaces()),
                 ack_wait: self.ack_wait.ack_wait(),
                 ..CollectConfig::default()

@@ -14,9 +14,9 @@ use podstream_bus::Held;
 use podstream_bus::consume::{
     ConsumerLoop, DeadLetters, Decoded, Delivery, Handler, HandlerStopped, Pulling, Sharing,
 };
-use podstream_processor::record::TaskRecord;
 use podstream_proto::subject::Stage;
 use podstream_proto::v1::{Command, PodRef, TaskKey};
+use podstream_rules::record::TaskRecord;
 use prost::Message as _;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};

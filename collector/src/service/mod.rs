@@ -72,10 +72,10 @@ impl Default for CollectConfig {
             bus: BusConfig::default(),
             consumer: DEFAULT_CONSUMER.into(),
             bucket: DEFAULT_BUCKET.into(),
-            records_bucket: podstream_processor::service::DEFAULT_BUCKET.into(),
+            records_bucket: podstream_bus::streams::DEFAULT_RECORDS_BUCKET.into(),
             settings: Settings::default(),
             concurrency: DEFAULT_CONCURRENCY,
-            failover: Duration::from_secs(podstream_processor::service::DEFAULT_FAILOVER_SECONDS),
+            failover: Duration::from_secs(podstream_bus::config::DEFAULT_FAILOVER_SECONDS),
             ack_wait: podstream_bus::config::default_ack_wait(),
             health: Health::new(),
         }

@@ -34,7 +34,7 @@ pub(super) async fn start(config: &CollectConfig) -> Result<Started, CollectErro
         let bucket = bucket.to_owned();
         move |source| CollectError::Bucket { bucket, source }
     };
-    let records = podstream_processor::service::records_bucket(&js, &config.records_bucket, pods)
+    let records = streams::records_bucket(&js, &config.records_bucket, pods)
         .await
         .map_err(bucket_error(&config.records_bucket))?;
     let description = "podstream collector: the pods it deleted or labelled done, by uid";

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use podstream_collector::rule::{self, Settings, Verdict};
-use podstream_processor::Rules;
-use podstream_processor::record::TaskRecord;
 use podstream_proto::v1::{Command, PodEvent, TaskKey};
+use podstream_rules::Rules;
+use podstream_rules::record::TaskRecord;
 
 /// The task records of a story, by key, and every command they gave, in order.
 #[derive(Default)]

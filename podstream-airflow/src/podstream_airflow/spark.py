@@ -32,7 +32,7 @@ ASK_TIMEOUT_SECONDS = 5.0
 
 def job_key(namespace: str, labels: dict) -> str:
     """The key of a Spark job's record in podstream's bucket, from the operator's task labels
-    without the try (``JobKey::kv_key`` in ``processor/src/spark/mod.rs``)."""
+    without the try (``JobKey::kv_key`` in ``rules/src/spark.rs``)."""
     return ".".join(
         [
             "job",

@@ -7,13 +7,13 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use podstream_bus::consume::{ConsumerLoop, Decoded, Handler, HandlerStopped, Pulling, Sharing};
 use podstream_proto::PodEvent;
+use podstream_rules::decide::identity;
+use podstream_rules::record::TaskRecord;
 use prost::Message as _;
 use tracing::warn;
 
 use super::ProcessConfig;
 use super::worker::{PodDelivery, PodItem, Worker};
-use crate::decide::identity;
-use crate::record::TaskRecord;
 use crate::stats::ProcessStats;
 use crate::task_lanes::{self, TaskLanes};
 

@@ -47,8 +47,8 @@ use podstream_bus::BusConfig;
 use podstream_bus::{Condition, Health};
 use tracing::info;
 
-use crate::rules::Rules;
 pub use crate::stats::ProcessStats;
+use podstream_rules::Rules;
 
 /// How the processor runs.
 #[derive(Debug, Clone)]
@@ -96,17 +96,10 @@ pub fn streams(config: &ProcessConfig) -> Vec<podstream_proto::subject::Stream> 
 
 /// The durable consumer's name by default (and the bucket's).
 pub const DEFAULT_CONSUMER: &str = "podstream-process";
-/// The KV bucket of task records by default.
-pub const DEFAULT_BUCKET: &str = "podstream-process";
-/// The role in the name of a prefix's processor bucket (`<prefix>-process`, see
-/// [`podstream_proto::subject::Subjects::resource_name`]).
-pub const BUCKET_ROLE: &str = "process";
 /// Pod events fetched at once per consumer, by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
 /// Task instances decided at once, by default.
 pub const DEFAULT_CONCURRENCY: usize = 64;
-/// Seconds a silent instance keeps its consumer before a standby takes over, by default.
-pub const DEFAULT_FAILOVER_SECONDS: u64 = 5;
 /// Task records kept in memory, by default.
 pub const DEFAULT_CACHED_RECORDS: usize = 8_192;
 
@@ -116,11 +109,11 @@ impl Default for ProcessConfig {
             bus: BusConfig::default(),
             schedulers: Vec::new(),
             consumer: DEFAULT_CONSUMER.into(),
-            bucket: DEFAULT_BUCKET.into(),
+            bucket: podstream_bus::streams::DEFAULT_RECORDS_BUCKET.into(),
             rules: Rules::default(),
             batch_size: DEFAULT_BATCH_SIZE,
             concurrency: DEFAULT_CONCURRENCY,
-            failover: Duration::from_secs(DEFAULT_FAILOVER_SECONDS),
+            failover: Duration::from_secs(podstream_bus::config::DEFAULT_FAILOVER_SECONDS),
             ack_wait: podstream_bus::config::default_ack_wait(),
             cached_records: DEFAULT_CACHED_RECORDS,
             spark_bucket: None,
@@ -131,18 +124,6 @@ impl Default for ProcessConfig {
 
 /// Why the processor did not start.
 pub type ProcessError = podstream_bus::StageError;
-
-/// The KV bucket of task records `bucket`, opened (made when missing) as long-lived and as
-/// replicated as the pod-events stream `pods`: for the processor, and for the collector that
-/// reads it.
-pub async fn records_bucket(
-    js: &async_nats::jetstream::Context,
-    bucket: &str,
-    pods: &async_nats::jetstream::stream::Config,
-) -> Result<async_nats::jetstream::kv::Store, podstream_bus::StreamError> {
-    let description = "podstream processor: per task instance, its pods' states";
-    podstream_bus::streams::bucket_beside(js, bucket, description, pods).await
-}
 
 /// Runs until `shutdown` resolves; the batches in hand are finished first.
 pub async fn run(

@@ -11,7 +11,7 @@ use podstream_proto::subject::{Stream, encode_token};
 use super::worker::Worker;
 use super::{ProcessConfig, ProcessError};
 use crate::record_cache::RecordCache;
-use crate::spark::service::SparkConsumer;
+use crate::spark::SparkConsumer;
 
 /// Unacked pod events one consumer may hand out.
 const MAX_ACK_PENDING: i64 = 10_000;
@@ -109,7 +109,7 @@ async fn open_bucket(
     config: &ProcessConfig,
     pods: &stream::Config,
 ) -> Result<kv::Store, ProcessError> {
-    super::records_bucket(js, &config.bucket, pods)
+    podstream_bus::streams::records_bucket(js, &config.bucket, pods)
         .await
         .map_err(|source| ProcessError::Bucket {
             bucket: config.bucket.clone(),

@@ -15,13 +15,13 @@ use podstream_proto::PodEvent;
 use podstream_proto::signature::Unsigned;
 use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::Command;
+use podstream_rules::decide::identity;
+use podstream_rules::record::TaskRecord;
+use podstream_rules::{Ignored, Outcome, Rules};
 use prost::Message as _;
 use tracing::{debug, warn};
 
-use crate::decide::identity;
-use crate::record::TaskRecord;
 use crate::record_cache::{Cached, RecordCache};
-use crate::rules::{Ignored, Outcome, Rules};
 use crate::stats::ProcessStats;
 
 /// A pod event and the key of its task instance's record.
@@ -60,7 +60,7 @@ fn report_unsigned(event: &PodEvent, reason: Unsigned) {
     metrics::counter!(podstream_bus::metrics::PROCESSOR_UNSIGNED_EVENTS, "reason" => reason.name())
         .increment(1);
     if let Ok((pod, task)) = identity(event) {
-        crate::processor::warn_unsigned(event, pod, task, reason);
+        podstream_rules::warn_unsigned(event, pod, task, reason);
     }
 }
 

@@ -50,15 +50,15 @@ async fn contract() -> serde_json::Value {
         "scheduled__2026-01-01T00:00:00+00:00",
         "",
     ];
-    let job = podstream_processor::spark::JobKey {
+    let job = podstream_rules::spark::JobKey {
         namespace: "airflow".into(),
         dag_id: "spark.dag".into(),
         task_id: "submit job".into(),
         run_id: "manual__2026-12-06T10:00:00+00:00".into(),
         map_index: 2,
     };
-    let mut record = podstream_processor::spark::JobRecord::default();
-    record.chosen = Some(podstream_processor::spark::Chosen {
+    let mut record = podstream_rules::spark::JobRecord::default();
+    record.chosen = Some(podstream_rules::spark::Chosen {
         pod: podstream_proto::PodRef {
             namespace: "airflow".into(),
             name: "submit-job-driver".into(),
@@ -111,7 +111,7 @@ async fn contract() -> serde_json::Value {
             "podstream-airflow": podstream_bus::connect::inbox_prefix("podstream-airflow"),
             "podstream-spark": podstream_bus::connect::inbox_prefix("podstream-spark"),
         },
-        "spark_bucket": podstream_processor::spark::service::DEFAULT_SPARK_BUCKET,
+        "spark_bucket": podstream_processor::spark::DEFAULT_SPARK_BUCKET,
         "spark_job": {
             "namespace": job.namespace, "dag_id": job.dag_id, "task_id": job.task_id,
             "run_id": job.run_id, "map_index": job.map_index, "key": job.kv_key(),

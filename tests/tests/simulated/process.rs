@@ -491,7 +491,7 @@ async fn a_task_instances_waiting_events_are_decided_with_one_record_write() {
     let mut records = feed
         .js
         .get_stream(podstream_bus::streams::bucket_stream(
-            service::DEFAULT_BUCKET,
+            podstream_bus::streams::DEFAULT_RECORDS_BUCKET,
         ))
         .await
         .unwrap();

@@ -6,9 +6,9 @@
 use std::io::Write as _;
 use std::process::Stdio;
 
-use podstream_processor::spark::{DriverPod, by_facts};
 use podstream_proto::subject::stream_names;
 use podstream_proto::v1::Phase;
+use podstream_rules::spark::{DriverPod, by_facts};
 use podstream_sim::object::Key;
 use podstream_sim::{DeleteOptions, Deletion, Resource};
 use podstream_tests::airflow::Airflow;

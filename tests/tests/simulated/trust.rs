@@ -530,11 +530,14 @@ async fn two_deployments_in_one_namespace_never_meet() {
 fn the_default_prefix_names_the_default_buckets_and_lease() {
     let subjects = podstream_proto::subject::Subjects::default();
     use podstream_ingest::{leadership, service as ingest};
-    use podstream_processor::{service as process, spark::service as spark_service};
+    use podstream_processor::spark as spark_service;
     for (role, default) in [
         (ingest::CHECKPOINT_ROLE, ingest::DEFAULT_CHECKPOINT_BUCKET),
         (leadership::LEASE_ROLE, leadership::DEFAULT_LEASE_NAME),
-        (process::BUCKET_ROLE, process::DEFAULT_BUCKET),
+        (
+            podstream_bus::streams::RECORDS_BUCKET_ROLE,
+            podstream_bus::streams::DEFAULT_RECORDS_BUCKET,
+        ),
         (
             spark_service::SPARK_ROLE,
             spark_service::DEFAULT_SPARK_BUCKET,

@@ -10,9 +10,8 @@
 //! A [`JobRecord`] keeps what a job's driver pod events show and reports the choice as a
 //! `duplicate` whenever the job has several drivers and the choice changes; an
 //! [`ApplicationRecord`] keeps what its SparkApplication says. [`SparkJobs`] holds them in
-//! memory for `decide`; the processor's Spark consumer keeps them in KV.
-
-pub mod service;
+//! memory for `decide`; the processor's Spark consumer (`podstream_processor::spark`) keeps them
+//! in KV.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;

@@ -9,7 +9,7 @@
 //!   (only the fields the projection needs), project, decide;
 //! - `json_parse_baseline`: `serde_json` parsing of the same lines alone.
 //!
-//! Run: `cargo bench -p podstream-processor --bench decide`. Figures go to
+//! Run: `cargo bench -p podstream-rules --bench decide`. Figures go to
 //! BENCHMARKS.md as events/s and as ratios to the baselines.
 
 // Test code: a panic is the failure report.
@@ -21,8 +21,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use podstream_ingest::pod_json::project_watch_event;
 use podstream_ingest::project;
 use podstream_ingest::watch_json::{WatchItem, read_json};
-use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::PodEvent;
+use podstream_rules::{MemoryStore, Processor, Rules};
 use serde_json::{Value, json};
 
 /// The allocator the `podstream` binary uses.

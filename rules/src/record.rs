@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::TaskCommand;
 use crate::decide::{Decision, EventError, decide_identified, identity};
-use crate::rules::{Outcome, Rules};
 use crate::state::{PodState, Prior, TaskState};
+use crate::table::{Outcome, Rules};
 
 /// The most deleted pods a task record remembers (the newest by stream sequence).
 pub const MAX_TOMBSTONES: usize = 16;

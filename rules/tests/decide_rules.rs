@@ -207,7 +207,7 @@ fn stories() {
 /// the pod whose event moved it.
 #[test]
 fn a_command_names_the_uuid_of_the_pod_it_reports_for() {
-    use podstream_processor::{MemoryStore, Processor, Rules};
+    use podstream_rules::{MemoryStore, Processor, Rules};
     let mut processor = Processor::new(Rules::default(), MemoryStore::default());
     let events = [
         ev(Added, Running, "a", 1).created(1_000).ti_id(REAL),
@@ -253,9 +253,9 @@ fn command_ids_are_deterministic_and_distinct() {
         ev(Modified, Failed, "a", 4).owner("2"),
     ];
     let ids = |events: &[_]| {
-        let mut p = podstream_processor::Processor::new(
+        let mut p = podstream_rules::Processor::new(
             Default::default(),
-            podstream_processor::MemoryStore::default(),
+            podstream_rules::MemoryStore::default(),
         );
         events
             .iter()
@@ -273,22 +273,22 @@ fn command_ids_are_deterministic_and_distinct() {
 
 #[test]
 fn malformed_events_are_typed_errors() {
-    let mut p = podstream_processor::Processor::new(
+    let mut p = podstream_rules::Processor::new(
         Default::default(),
-        podstream_processor::MemoryStore::default(),
+        podstream_rules::MemoryStore::default(),
     );
     let no_pod = ev(Modified, Running, "a", 1).with(|e| e.pod = None);
     let no_task = ev(Modified, Running, "a", 1).with(|e| e.task = None);
     assert!(matches!(
         p.handle(&no_pod),
-        Err(podstream_processor::HandleError::Event(
-            podstream_processor::EventError::NoPod
+        Err(podstream_rules::HandleError::Event(
+            podstream_rules::EventError::NoPod
         ))
     ));
     assert!(matches!(
         p.handle(&no_task),
-        Err(podstream_processor::HandleError::Event(
-            podstream_processor::EventError::NoTask
+        Err(podstream_rules::HandleError::Event(
+            podstream_rules::EventError::NoTask
         ))
     ));
 }
@@ -297,7 +297,7 @@ fn malformed_events_are_typed_errors() {
 /// limit, oldest first, and never a live one: memory follows the live task instances.
 #[test]
 fn finished_task_instances_are_forgotten_beyond_the_limit_and_live_ones_never() {
-    use podstream_processor::{MemoryStore, Processor, Rules};
+    use podstream_rules::{MemoryStore, Processor, Rules};
     let mut processor = Processor::new(Rules::default(), MemoryStore::keeping_finished(3));
     let of = |task: &str, event: podstream_proto::v1::PodEvent| podstream_proto::v1::PodEvent {
         task: Some(podstream_proto::v1::TaskKey {
@@ -342,11 +342,11 @@ fn finished_task_instances_are_forgotten_beyond_the_limit_and_live_ones_never() 
 /// deleted pods' tombstones besides its live pods.
 #[test]
 fn copies_by_the_hundred_keep_the_record_and_the_commands_bounded() {
-    use podstream_processor::decide::MAX_DUPLICATE_OTHERS;
-    use podstream_processor::record::{MAX_TOMBSTONES, TaskRecord};
     use podstream_proto::v1::command::Kind;
+    use podstream_rules::decide::MAX_DUPLICATE_OTHERS;
+    use podstream_rules::record::{MAX_TOMBSTONES, TaskRecord};
 
-    let rules = podstream_processor::Rules::default();
+    let rules = podstream_rules::Rules::default();
     let mut record = TaskRecord::default();
     let mut sequence = 0;
     let mut decide = |record: &mut TaskRecord, event| {

@@ -6,10 +6,10 @@
 
 mod support;
 
-use podstream_processor::duplicates::choose;
-use podstream_processor::record::TaskRecord;
-use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::v1::{EventType, Phase, PodEvent, PodRef, TaskKey};
+use podstream_rules::duplicates::choose;
+use podstream_rules::record::TaskRecord;
+use podstream_rules::{MemoryStore, Processor, Rules};
 use proptest::prelude::*;
 use support::{EventExt, describe, ev, run, ti};
 

@@ -19,8 +19,8 @@ use tracing::{debug, warn};
 use crate::command::TaskCommand;
 use crate::decide::{EventError, identity};
 use crate::record::{RecordKey, Recorded, TaskRecord};
-use crate::rules::{Ignored, Outcome, Rules};
 use crate::state::TaskState;
+use crate::table::{Ignored, Outcome, Rules};
 
 /// Why an event could not be handled.
 #[derive(Debug, Error)]
@@ -192,7 +192,7 @@ impl MemoryStore {
 }
 
 /// Logs an event whose pod is foreign for want of a valid signature, as every shell does.
-pub(crate) fn warn_unsigned(event: &PodEvent, pod: &PodRef, key: &TaskKey, reason: Unsigned) {
+pub fn warn_unsigned(event: &PodEvent, pod: &PodRef, key: &TaskKey, reason: Unsigned) {
     warn!(pod = %pod, uid = %pod.uid, ti = %key, owner = %event.owner, reason = reason.name(),
         "pod without a valid signature: foreign, it drives nothing");
 }

@@ -12,8 +12,8 @@ use crate::command::TaskCommand;
 
 use crate::duplicates::{choose, precedence};
 use crate::order::is_newer;
-use crate::rules::{Ignored, Outcome, Rules};
 use crate::state::{Candidate, PodState, Prior, TaskState};
+use crate::table::{Ignored, Outcome, Rules};
 
 /// A `PodEvent` the rules cannot decide (a malformed message on the bus).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

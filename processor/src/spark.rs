@@ -1,5 +1,5 @@
 //! The processor's Spark consumer (`podstream process --spark`): Spark driver pods' and
-//! SparkApplications' events from the Spark stream → the records of [`crate::spark`], kept in
+//! SparkApplications' events from the Spark stream → the records of [`podstream_rules::spark`], kept in
 //! a KV bucket → `duplicate` commands on the commands stream, and each job's choice in its
 //! record, where `PodstreamSparkKubernetesOperator` reads it.
 //!
@@ -34,10 +34,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use super::{ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name};
 use crate::publish::publish;
 use crate::stats::ProcessStats;
 use podstream_bus::StageError;
+use podstream_rules::spark::{
+    ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name,
+};
 
 /// The KV bucket of Spark records by default.
 pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";

@@ -115,10 +115,10 @@ fn waiting(container: &str, reason: &str, message: &str) -> ContainerWaiting {
     }
 }
 
-use podstream_processor::{MemoryStore, Processor, Rules};
 use podstream_proto::Command;
 use podstream_proto::signature::PodSigning;
 use podstream_proto::v1::command::Kind;
+use podstream_rules::{MemoryStore, Processor, Rules};
 
 /// The key the executor of these tests signs its pods with.
 pub const SIGNING_KEY: &str = "0123456789abcdef0123456789abcdef";

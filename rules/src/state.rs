@@ -10,7 +10,7 @@
 
 use podstream_proto::v1::{Phase, PodRef};
 
-use crate::rules::Outcome;
+use crate::table::Outcome;
 
 /// The last applied facts of one pod.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -91,7 +91,7 @@ impl Rules {
     /// checked in order).
     ///
     /// ```
-    /// use podstream_processor::{Ignored, Outcome, Rules};
+    /// use podstream_rules::{Ignored, Outcome, Rules};
     /// use podstream_proto::PodEvent;
     /// use podstream_proto::v1::{ContainerWaiting, EventType, Phase};
     ///

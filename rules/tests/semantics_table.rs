@@ -6,9 +6,9 @@
 
 mod support;
 
-use podstream_processor::{Ignored, Outcome, Rules};
 use podstream_proto::v1::EventType::{Added, Deleted, Modified};
 use podstream_proto::v1::Phase::{Failed, Pending, Running, Succeeded, Unknown, Unspecified};
+use podstream_rules::{Ignored, Outcome, Rules};
 use support::{EventExt, ev};
 
 /// The outcome as a short word, so the table reads like docs/semantics.md.
