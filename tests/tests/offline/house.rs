@@ -1,6 +1,9 @@
-//! The house's rooms depend one way: within a crate, no two files use each other, directly or
-//! round a longer circle. A child module reading its parent's definitions (and a parent its
-//! children's) is how Rust nests rooms and does not count.
+//! The house's rooms depend one way. A folder is a room with one job: among the rooms of one
+//! folder (its files and subfolders), no two use each other, directly or round a longer
+//! circle, counting every file inside a subfolder as its room's. A child reading its
+//! parent's definitions (or a parent its child's) is how rooms nest and does not count.
+//! The same holds for the Python package's modules, lazy (in-function) imports included, and
+//! for the crates, which use each other only as `CRATE_USES` says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,25 +13,76 @@ use podstream_tests::workspace_root;
 /// A module by its path from the crate root (`[]` is `lib.rs` or `main.rs`).
 type Module = Vec<String>;
 
-/// The crates whose sources are checked: every `src/` of the workspace.
-const CRATES: &[&str] = &[
-    "proto",
-    "bus",
-    "ingest",
-    "processor",
-    "sink",
-    "sim",
-    "stage",
-    "cli",
-    "tests",
+/// Which rooms use which.
+type Graph<N> = BTreeMap<N, BTreeSet<N>>;
+
+/// The workspace crates each crate's `[dependencies]` may name: the crate graph of
+/// docs/architecture.md. The collector is the sink's sibling: it shares the rules, not the
+/// processor's service.
+const CRATE_USES: &[(&str, &[&str])] = &[
+    ("proto", &[]),
+    ("bus", &["proto"]),
+    ("ingest", &["proto", "bus"]),
+    ("rules", &["proto"]),
+    ("processor", &["proto", "bus", "rules"]),
+    ("sink", &["proto", "bus"]),
+    ("collector", &["proto", "bus", "rules"]),
+    ("sim", &[]),
+    ("stage", &["proto", "bus", "sink", "sim"]),
+    (
+        "tests",
+        &[
+            "proto",
+            "bus",
+            "ingest",
+            "rules",
+            "processor",
+            "sink",
+            "collector",
+            "sim",
+            "stage",
+        ],
+    ),
+    (
+        "cli",
+        &[
+            "proto",
+            "bus",
+            "ingest",
+            "rules",
+            "processor",
+            "sink",
+            "collector",
+            "sim",
+            "stage",
+        ],
+    ),
 ];
 
-fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+/// The Python package whose modules are checked, from the workspace root.
+const PYTHON_PACKAGE: &str = "podstream-airflow/src/podstream_airflow";
+
+/// The workspace's crates, as the root `Cargo.toml` lists them.
+fn workspace_crates() -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+    let members = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("members = "))
+        .expect("the root Cargo.toml lists its members on one line");
+    members
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|member| member.trim().trim_matches('"').to_owned())
+        .filter(|member| !member.is_empty())
+        .collect()
+}
+
+fn files_with(dir: &Path, extension: &str, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            rust_files(&path, found);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            files_with(&path, extension, found);
+        } else if path.extension().is_some_and(|e| e == extension) {
             found.push(path);
         }
     }
@@ -130,92 +184,312 @@ fn used_modules(text: &str, module: &Module, modules: &BTreeSet<Module>) -> BTre
     used
 }
 
-/// Whether one module holds the other (or is it).
-fn nested(a: &Module, b: &Module) -> bool {
-    a.starts_with(b) || b.starts_with(a)
+/// The edge a use of `to` from `from` draws: between the two sibling rooms under their
+/// common folder that hold them; none when one holds the other.
+fn room_edge(from: &Module, to: &Module) -> Option<(Module, Module)> {
+    let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+    if common == from.len() || common == to.len() {
+        return None;
+    }
+    Some((from[..=common].to_vec(), to[..=common].to_vec()))
 }
 
-/// A circle of `graph` through `start`, if any.
-fn circle(
-    graph: &BTreeMap<Module, BTreeSet<Module>>,
-    start: &Module,
-    at: &Module,
-    path: &mut Vec<Module>,
-) -> Option<Vec<Module>> {
-    for next in graph.get(at).into_iter().flatten() {
-        if next == start {
-            let mut found = path.clone();
-            found.push(start.clone());
-            return Some(found);
+/// The rooms of one crate and which use which, from its files' modules and texts.
+fn rust_rooms(files: &[(Module, String)]) -> Graph<Module> {
+    let modules: BTreeSet<Module> = files.iter().map(|(module, _)| module.clone()).collect();
+    let mut graph = Graph::new();
+    for (module, text) in files {
+        for used in used_modules(text, module, &modules) {
+            if let Some((from, to)) = room_edge(module, &used) {
+                graph.entry(from).or_default().insert(to);
+            }
         }
-        if !path.contains(next) && next > start {
-            path.push(next.clone());
-            if let Some(found) = circle(graph, start, next, path) {
+    }
+    graph
+}
+
+/// The modules of the Python package one imports, anywhere in its text (a lazy import in a
+/// function is a use too); the package's `__init__` holds them all and does not count.
+fn python_imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    for line in text.lines().map(str::trim) {
+        let named: Vec<&str> = if let Some(rest) = line
+            .strip_prefix("from podstream_airflow.")
+            .or_else(|| line.strip_prefix("from ."))
+            .filter(|rest| !rest.starts_with(' '))
+        {
+            vec![rest.split([' ', '.']).next().unwrap_or("")]
+        } else if let Some(rest) = line
+            .strip_prefix("from podstream_airflow import ")
+            .or_else(|| line.strip_prefix("from . import "))
+        {
+            rest.split(',')
+                .map(|name| name.split_whitespace().next().unwrap_or(""))
+                .collect()
+        } else if let Some(rest) = line.strip_prefix("import podstream_airflow.") {
+            vec![rest.split([' ', '.']).next().unwrap_or("")]
+        } else {
+            Vec::new()
+        };
+        used.extend(
+            named
+                .into_iter()
+                .filter(|name| modules.contains(*name) && *name != "__init__")
+                .map(str::to_owned),
+        );
+    }
+    used
+}
+
+/// The Python package's modules and which import which, from their names and texts.
+fn python_rooms(files: &[(String, String)]) -> Graph<String> {
+    let modules: BTreeSet<String> = files.iter().map(|(module, _)| module.clone()).collect();
+    let mut graph = Graph::new();
+    for (module, text) in files.iter().filter(|(module, _)| module != "__init__") {
+        let used = python_imports(text, &modules);
+        graph
+            .entry(module.clone())
+            .or_default()
+            .extend(used.into_iter().filter(|used| used != module));
+    }
+    graph
+}
+
+/// The circles of `graph`: each found once, from its least room.
+fn circles<N: Ord + Clone>(graph: &Graph<N>) -> Vec<Vec<N>> {
+    fn from<N: Ord + Clone>(graph: &Graph<N>, start: &N, path: &mut Vec<N>) -> Option<Vec<N>> {
+        let at = path.last().cloned()?;
+        for next in graph.get(&at).into_iter().flatten() {
+            if next == start {
+                let mut found = path.clone();
+                found.push(start.clone());
                 return Some(found);
             }
-            path.pop();
-        }
-    }
-    None
-}
-
-#[test]
-fn no_two_files_of_a_crate_use_each_other() {
-    let mut circles = Vec::new();
-    for name in CRATES {
-        let src = workspace_root().join(name).join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files);
-        let modules: BTreeSet<Module> = files.iter().map(|f| module_of(&src, f)).collect();
-        let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-        for file in &files {
-            let module = module_of(&src, file);
-            let text = std::fs::read_to_string(file).unwrap();
-            let used = used_modules(&text, &module, &modules)
-                .into_iter()
-                .filter(|other| !nested(other, &module))
-                .collect();
-            graph.insert(module, used);
-        }
-        for start in graph.keys() {
-            if let Some(found) = circle(&graph, start, start, &mut vec![start.clone()]) {
-                let shown: Vec<String> = found.iter().map(|m| m.join("::")).collect();
-                circles.push(format!("{name}: {}", shown.join(" -> ")));
+            if !path.contains(next) && next > start {
+                path.push(next.clone());
+                if let Some(found) = from(graph, start, path) {
+                    return Some(found);
+                }
+                path.pop();
             }
         }
+        None
     }
+    graph
+        .keys()
+        .filter_map(|start| from(graph, start, &mut vec![start.clone()]))
+        .collect()
+}
+
+fn shown(circle: &[Module]) -> String {
+    let rooms: Vec<String> = circle
+        .iter()
+        .map(|m| {
+            if m.is_empty() {
+                "crate".to_owned()
+            } else {
+                m.join("::")
+            }
+        })
+        .collect();
+    rooms.join(" -> ")
+}
+
+#[test]
+fn no_two_rooms_of_a_crate_use_each_other() {
+    let mut found = Vec::new();
+    let crates = workspace_crates();
     assert!(
-        circles.is_empty(),
-        "import circles:\n{}",
-        circles.join("\n")
+        crates.len() >= 10,
+        "members of the root Cargo.toml: {crates:?}"
+    );
+    for name in &crates {
+        let src = workspace_root().join(name).join("src");
+        let mut paths = Vec::new();
+        files_with(&src, "rs", &mut paths);
+        assert!(
+            !paths.is_empty(),
+            "{name}: no sources under {}",
+            src.display()
+        );
+        let files: Vec<(Module, String)> = paths
+            .iter()
+            .map(|path| {
+                (
+                    module_of(&src, path),
+                    std::fs::read_to_string(path).unwrap(),
+                )
+            })
+            .collect();
+        for circle in circles(&rust_rooms(&files)) {
+            found.push(format!("{name}: {}", shown(&circle)));
+        }
+    }
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn no_two_modules_of_the_python_package_import_each_other() {
+    let package = workspace_root().join(PYTHON_PACKAGE);
+    let mut paths = Vec::new();
+    files_with(&package, "py", &mut paths);
+    let files: Vec<(String, String)> = paths
+        .iter()
+        .map(|path| {
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            (stem, std::fs::read_to_string(path).unwrap())
+        })
+        .collect();
+    assert!(
+        files.len() > 5,
+        "modules of {}: {}",
+        package.display(),
+        files.len()
+    );
+    let graph = python_rooms(&files);
+    assert!(
+        graph.values().any(|used| !used.is_empty()),
+        "no imports seen between the package's modules: the reader is broken"
+    );
+    let found: Vec<String> = circles(&graph).iter().map(|c| c.join(" -> ")).collect();
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_crates_use_each_other_as_the_architecture_says() {
+    let crates = workspace_crates();
+    let allowed: BTreeMap<&str, &[&str]> = CRATE_USES.iter().copied().collect();
+    let listed: BTreeSet<&str> = allowed.keys().copied().collect();
+    let members: BTreeSet<&str> = crates.iter().map(String::as_str).collect();
+    assert_eq!(
+        listed, members,
+        "CRATE_USES names each workspace member once"
+    );
+    for name in &crates {
+        let manifest =
+            std::fs::read_to_string(workspace_root().join(name).join("Cargo.toml")).unwrap();
+        let dependencies = manifest
+            .split("\n[")
+            .find(|section| section.starts_with("dependencies]"))
+            .unwrap_or("");
+        let used: BTreeSet<&str> = dependencies
+            .lines()
+            .filter_map(|line| line.strip_prefix("podstream-"))
+            .filter_map(|rest| rest.split(['.', ' ', '=']).next())
+            .collect();
+        let may: BTreeSet<&str> = allowed[name.as_str()].iter().copied().collect();
+        let extra: Vec<&&str> = used.difference(&may).collect();
+        assert!(
+            extra.is_empty(),
+            "{name} depends on {extra:?}, which CRATE_USES (docs/architecture.md) does not allow"
+        );
+    }
+}
+
+fn module(path: &str) -> Module {
+    path.split("::")
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn rust_files(files: &[(&str, &str)]) -> Vec<(Module, String)> {
+    files
+        .iter()
+        .map(|(path, text)| (module(path), (*text).to_owned()))
+        .collect()
+}
+
+/// Two sibling files, one reading a constant the other defines and re-exports: the shape of
+/// `collected.rs` and `service/` naming one `BUCKET_ROLE`.
+#[test]
+fn the_room_check_finds_two_files_using_each_other() {
+    let files = rust_files(&[
+        ("", "mod collected;\nmod service;"),
+        ("collected", "use crate::service::BUCKET_ROLE;"),
+        ("service", "pub use crate::collected::Action;"),
+        ("service::start", "use super::Config; // crate::collected"),
+    ]);
+    let found = circles(&rust_rooms(&files));
+    assert_eq!(
+        found,
+        vec![vec![
+            module("collected"),
+            module("service"),
+            module("collected")
+        ]]
     );
 }
 
-/// The check sees a circle where there is one, and none where a child reads its parent.
+/// A file in one folder using a file in another whose sibling uses the first folder back:
+/// the shape of `spark/service.rs` reaching `service/`'s error alias while
+/// `service/start.rs` starts the Spark consumer.
 #[test]
-fn the_circle_check_finds_circles() {
-    let modules: BTreeSet<Module> = [
-        vec![],
-        vec!["service".to_owned()],
-        vec!["service".to_owned(), "consume".to_owned()],
-        vec!["service".to_owned(), "worker".to_owned()],
+fn the_room_check_finds_a_circle_between_folders() {
+    let files = rust_files(&[
+        ("spark", "pub mod service;"),
+        ("spark::service", "use crate::service::ProcessError;"),
+        ("service", "mod start;"),
+        (
+            "service::start",
+            "use crate::spark::service::SparkConsumer;",
+        ),
+    ]);
+    let found = circles(&rust_rooms(&files));
+    assert_eq!(
+        found,
+        vec![vec![module("service"), module("spark"), module("service")]]
+    );
+}
+
+/// A child reading its parent's definitions, and a parent re-exporting its child's, nest
+/// rooms: no circle.
+#[test]
+fn the_room_check_lets_rooms_nest() {
+    let files = rust_files(&[
+        ("service", "mod consume;\npub use consume::Handler;"),
+        (
+            "service::consume",
+            "use super::Config;\nuse crate::service::worker::Worker;",
+        ),
+        ("service::worker", "use super::super::service::Config;"),
+    ]);
+    assert_eq!(circles(&rust_rooms(&files)), Vec::<Vec<Module>>::new());
+}
+
+/// Two modules importing each other only inside functions: the shape of `check.py` and
+/// `executor.py` sharing `TI_POD_TABLE` through lazy imports.
+#[test]
+fn the_python_check_finds_lazy_import_circles() {
+    let files: Vec<(String, String)> = [
+        (
+            "__init__",
+            "from podstream_airflow.executor import PodstreamKubernetesExecutor\n",
+        ),
+        (
+            "executor",
+            "from podstream_airflow.config import PodstreamConfig\n\
+             def get_cli_commands():\n    from podstream_airflow.check import cli_commands\n",
+        ),
+        (
+            "check",
+            "def check(session):\n    from .executor import TI_POD_TABLE  # lazy\n",
+        ),
+        ("config", "from podstream_airflow import wire\n"),
+        ("wire", "DEFAULT_PREFIX = 'podstream'\n"),
     ]
-    .into_iter()
+    .iter()
+    .map(|(m, t)| ((*m).to_owned(), (*t).to_owned()))
     .collect();
-    let consume = vec!["service".to_owned(), "consume".to_owned()];
-    let worker = vec!["service".to_owned(), "worker".to_owned()];
-    let used = used_modules(
-        "use super::worker::{Worker, Delivery};\nuse super::Config; // super::nothing\n",
-        &consume,
-        &modules,
+    let graph = python_rooms(&files);
+    assert!(graph["config"].contains("wire"), "{graph:?}");
+    let found = circles(&graph);
+    assert_eq!(
+        found,
+        vec![vec![
+            "check".to_owned(),
+            "executor".to_owned(),
+            "check".to_owned()
+        ]]
     );
-    assert!(used.contains(&worker) && used.contains(&vec!["service".to_owned()]));
-    let mut graph = BTreeMap::new();
-    graph.insert(consume.clone(), BTreeSet::from([worker.clone()]));
-    graph.insert(
-        worker.clone(),
-        used_modules("use super::consume::ack;", &worker, &modules),
-    );
-    assert!(circle(&graph, &consume, &consume, &mut vec![consume.clone()]).is_some());
-    assert!(nested(&vec!["service".to_owned()], &consume));
 }
