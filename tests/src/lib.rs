@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod bus;
 pub mod component;
+pub mod ingest;
 pub mod recovery;
 pub mod sink;
 

@@ -18,16 +18,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use podstream_bus::BusConfig;
-use podstream_ingest::service::{self, IngestConfig, IngestStats};
+use podstream_ingest::service::IngestConfig;
 use podstream_proto::subject::{Subjects, stream_names};
 use podstream_proto::v1::EventType;
 use podstream_sim::WorkerPod;
 use podstream_tests::bus;
 use podstream_tests::control_plane::{ControlPlane, Options};
+use podstream_tests::ingest::InProcessIngest as Ingest;
 use podstream_tests::nats::NatsServer;
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 const PODS: &str = stream_names::PODS;
 
@@ -36,32 +35,14 @@ async fn client(kubeconfig: &Path) -> kube::Client {
     podstream_tests::kube_client_of(&std::fs::read_to_string(kubeconfig).unwrap()).await
 }
 
-struct Ingest {
-    task: JoinHandle<Result<IngestStats, podstream_ingest::service::IngestError>>,
-    stop: oneshot::Sender<()>,
-}
-
 async fn start_ingest(plane: &ControlPlane, namespace: &str, nats: &str) -> Ingest {
-    podstream_tests::init_tracing();
     let config = IngestConfig {
         bus: BusConfig::at(nats),
         namespaces: vec![namespace.to_owned()],
         checkpoint_interval: Duration::from_millis(50),
         ..IngestConfig::default()
     };
-    let kube = client(plane.admin_kubeconfig()).await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(service::run(config, kube, async move {
-        let _ = stopped.await;
-    }));
-    Ingest { task, stop }
-}
-
-impl Ingest {
-    async fn stop(self) -> IngestStats {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap()
-    }
+    Ingest::start(config, client(plane.admin_kubeconfig()).await)
 }
 
 /// What the API server said a pod is at one revision, with its owner then.

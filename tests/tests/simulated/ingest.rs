@@ -7,51 +7,26 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use podstream_ingest::service::{self, IngestConfig, IngestStats};
+use podstream_ingest::service::{self, IngestConfig};
 use podstream_proto::subject::Subjects;
 use podstream_proto::subject::stream_names;
 use podstream_proto::v1::EventType;
 use podstream_sim::{Cluster, Deletion, Server, SimConfig, WorkerPod};
 use podstream_tests::bus::{self, Stored};
+use podstream_tests::ingest::InProcessIngest as Ingest;
 use podstream_tests::kube_client;
 use podstream_tests::nats::NatsServer;
 use serde_json::Value;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 const PODS: &str = stream_names::PODS;
 
-struct Ingest {
-    task: JoinHandle<Result<IngestStats, podstream_ingest::service::IngestError>>,
-    stop: oneshot::Sender<()>,
-}
-
 async fn start_ingest(sim: &Server, nats: &str) -> Ingest {
-    podstream_tests::init_tracing();
     let config = IngestConfig {
         bus: BusConfig::at(nats),
         checkpoint_interval: Duration::from_millis(50),
         ..IngestConfig::default()
     };
-    let kube = kube_client(sim).await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(service::run(config, kube, async move {
-        let _ = stopped.await;
-    }));
-    Ingest { task, stop }
-}
-
-impl Ingest {
-    async fn stop(self) -> IngestStats {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap()
-    }
-
-    /// As kill -9 would: no drain, no checkpoint flush, the connection just drops.
-    async fn kill(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
+    Ingest::start(config, kube_client(sim).await)
 }
 
 async fn sim() -> Server {
@@ -367,7 +342,7 @@ async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once(
     for (n, &(i, s)) in order.iter().enumerate() {
         if kills.binary_search(&n).is_ok() && down_until.is_none() {
             ingest.kill().await;
-            ingest = start_ingest_later();
+            ingest = Ingest::down();
             down_until = Some(n + 1 + random(15));
         }
         scenario.step(i, s);
@@ -389,15 +364,6 @@ async fn killed_at_twenty_points_the_stream_still_holds_the_whole_scenario_once(
 
     let (events, _) = read_facts(&bus::read_all(&js, PODS).await);
     assert_exactly(&events, &scenario.facts);
-}
-
-/// A placeholder while the ingest is down: stopping it again is a no-op.
-fn start_ingest_later() -> Ingest {
-    let (stop, _) = oneshot::channel();
-    Ingest {
-        task: tokio::spawn(async { Ok(IngestStats::default()) }),
-        stop,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -774,7 +740,7 @@ async fn a_conflicting_stream_is_refused_with_a_clear_error() {
     .await
     .unwrap();
     let ingest = start_ingest(&sim, &nats.url()).await;
-    let error = ingest.task.await.unwrap().unwrap_err();
+    let error = ingest.ended().await.unwrap_err();
     let message = podstream_bus::retry::with_causes(&error);
     assert!(
         message.contains(stream_names::PODS) && message.contains("subjects"),
@@ -985,11 +951,7 @@ async fn stopped_while_its_checkpoint_bucket_elects_a_leader_the_ingest_still_wr
         ..IngestConfig::default()
     };
     let bucket = config.checkpoint_bucket.clone();
-    let kube = kube_client(&sim).await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(service::run(config, kube, async move {
-        let _ = stopped.await;
-    }));
+    let ingest = Ingest::start(config, kube_client(&sim).await);
     let mut scenario = Scenario::new(sim.cluster());
     wait_until_watching(&js, &mut scenario).await;
     scenario.create("pod-0000", "1");
@@ -1017,9 +979,8 @@ async fn stopped_while_its_checkpoint_bucket_elects_a_leader_the_ingest_still_wr
         .settle(&js, Duration::from_millis(1), Duration::from_secs(30))
         .await;
     nats.kill(node);
-    let _ = stop.send(());
-    let stats = task.await.unwrap();
-    assert!(stats.is_ok(), "the stop failed: {:#}", stats.unwrap_err());
+    // Stopping panics with the service's error if it failed.
+    ingest.stop().await;
 
     let mut successor = Checkpoint::open(&js, &bucket, 3, Duration::from_millis(50), Fence::open())
         .await
