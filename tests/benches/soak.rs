@@ -14,7 +14,7 @@
 //! them as CSV and an SVG chart (`target/soak/`). At the end it checks, for a sample of 1,000
 //! task instances, that the database says what the driver did, and reports each bound.
 //!
-//! Without `--bench` (as `cargo test --all-targets` runs it, so in CI) it drives 50,000 pods
+//! Without `--bench` (as `cargo test --all-targets` runs it, so in CI) it drives 25,000 pods
 //! with retention of seconds and asserts the bounds (not the speed): storage and tables follow
 //! their retention, lag returns to zero, memory does not run away, the sample is right.
 
@@ -72,10 +72,10 @@ impl Plan {
 
     fn ci() -> Plan {
         Plan {
-            pods: 50_000,
+            pods: 25_000,
             rate: 250,
-            max_age: Duration::from_secs(30),
-            retention: Duration::from_secs(60),
+            max_age: Duration::from_secs(15),
+            retention: Duration::from_secs(30),
             restarts: &[0.3],
             sample_every: Duration::from_secs(5),
         }
@@ -272,7 +272,7 @@ fn stores() -> [String; 5] {
         subjects.stream_name(Stream::PodEvents),
         subjects.stream_name(Stream::Commands),
         subjects.stream_name(Stream::DeadLetters),
-        streams::bucket_stream(podstream_processor::service::DEFAULT_BUCKET),
+        streams::bucket_stream(podstream_bus::streams::DEFAULT_RECORDS_BUCKET),
         streams::bucket_stream(podstream_ingest::service::DEFAULT_CHECKPOINT_BUCKET),
     ]
 }
