@@ -12,7 +12,9 @@
 set -euo pipefail
 : "${UV:?run scripts/setup.sh, which installs uv}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
-tools="$root/target/tools"
+# By its physical path, as scripts/setup.sh makes the venvs.
+mkdir -p "$root/target"
+tools="$(cd "$root/target" && pwd -P)/tools"
 out="$root/target/airflow-db"
 mkdir -p "$out"
 
