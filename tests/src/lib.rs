@@ -18,6 +18,19 @@ pub use podstream_stage::{
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A throwaway dir two levels inside the workspace (`tests/<prefix>…`), so a kustomization
+/// there reaches deploy/ as `../../deploy`, as kustomize wants. Not under `target/`, which
+/// CI may link elsewhere (kustomize resolves links), nor a dot-named dir, which checkov skips.
+///
+/// # Panics
+/// When the dir cannot be made.
+pub fn overlay_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(workspace_root().join("tests"))
+        .unwrap_or_else(|e| panic!("a dir under tests/: {e}"))
+}
+
 /// The statements of docs/install.md's step 2 (the sink's PostgreSQL role), one per item,
 /// comments dropped: the suite runs them as the page gives them.
 ///

@@ -13,17 +13,8 @@ use podstream_proto::subject::{Stream, Subjects, stream_names};
 use podstream_sim::WorkerPod;
 use podstream_tests::control_plane::{ControlPlane, tool};
 use podstream_tests::nats::NatsServer;
-use podstream_tests::{bus, podstream_binary, workspace_root};
+use podstream_tests::{bus, overlay_dir, podstream_binary, workspace_root};
 use serde_json::Value;
-
-/// A dir inside the workspace, so a kustomization there reaches deploy/ by relative paths as
-/// kustomize wants.
-fn overlay_dir(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(workspace_root().join("target"))
-        .unwrap()
-}
 
 /// Applies the podstream-executor overlay to `namespace`, as an operator would with their own
 /// overlay naming their namespace, with `extra` lines (patches) in its kustomization.

@@ -436,18 +436,14 @@ fn with_monitoring(overlay: &str) -> (tempfile::TempDir, Vec<Value>) {
 }
 
 /// `overlay` with the components of deploy/ named and `extra` lines, as an operator's own
-/// overlay takes them: its dir (inside the workspace, so it reaches deploy/ by relative paths
-/// as kustomize wants; not under a dot-named dir, which checkov skips) with the rendered YAML
+/// overlay takes them: its dir ([`podstream_tests::overlay_dir`]) with the rendered YAML
 /// in `rendered.yaml`, and its objects.
 fn with_components(
     overlay: &str,
     components: &[&str],
     extra: &str,
 ) -> (tempfile::TempDir, Vec<Value>) {
-    let dir = tempfile::Builder::new()
-        .prefix("podstream-components-")
-        .tempdir_in(workspace_root().join("target"))
-        .unwrap();
+    let dir = podstream_tests::overlay_dir("podstream-components-");
     let listed: String = components
         .iter()
         .map(|c| format!("  - ../../deploy/{c}\n"))
