@@ -84,75 +84,14 @@ timed() {
     true
 }
 run_timed() { "$@" 2>&1 | timed; return "${PIPESTATUS[0]}"; }
-
-# The whole suite without arguments runs the test binaries cargo built itself, in two lanes
-# side by side: the `airflow` tier (real schedulers, most of the suite's time, about four
-# fifths of the two cores) in one, every other binary in the other, where the machine is
-# otherwise half idle. Each binary runs where cargo would run it (its package's folder) and
-# writes its own log, printed whole once both lanes are done.
-logs="$target/test-logs"
-lane() {
-    local status=0 dir name exe start
-    while IFS=$'\t' read -r dir name exe; do
-        start=$(now_ms)
-        echo "test.sh: $name started"
-        if (cd "$dir" && "$exe" </dev/null) >"$logs/$name.log" 2>&1; then
-            echo "test.sh: $name passed in $(( ($(now_ms) - start) / 1000 )) s"
-        else
-            status=1
-            echo "test.sh: $name FAILED in $(( ($(now_ms) - start) / 1000 )) s (log below)"
-            echo "$name" >>"$logs/failed"
-        fi
-        echo "$name $(( $(now_ms) - start ))" >>"$timings"
-    done
-    return "$status"
-}
-run_lanes() {
-    rm -rf "$logs" && mkdir -p "$logs"
-    # Every test executable of the build above, as `package folder<TAB>name<TAB>path`.
-    cargo test --workspace --all-targets --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, os, sys
-seen = set()
-for line in sys.stdin:
-    m = json.loads(line)
-    exe = m.get("executable")
-    if m.get("reason") != "compiler-artifact" or not exe or exe in seen:
-        continue
-    kinds = m["target"]["kind"]
-    if m["profile"]["test"] or "bench" in kinds or "test" in kinds:
-        seen.add(exe)
-        name = m["target"]["name"].replace("-", "_")
-        # A bench shares its name with a tier (`sink`, `ingest`): said apart.
-        name = "bench_" + name if "bench" in kinds else name
-        print(os.path.dirname(m["manifest_path"]), name, exe, sep="\t")
-' >"$logs/executables"
-    awk -F'\t' '$2 == "airflow"' "$logs/executables" >"$logs/lane-airflow"
-    awk -F'\t' '$2 != "airflow"' "$logs/executables" >"$logs/lane-rest"
-    [ -s "$logs/lane-airflow" ] || { echo "test.sh: no airflow tier among the test binaries" >&2; return 1; }
-    local status=0
-    lane <"$logs/lane-airflow" &
-    local airflow=$!
-    lane <"$logs/lane-rest" || status=1
-    wait "$airflow" || status=1
-    local name
-    while IFS=$'\t' read -r _ name _; do
-        echo "───── $name"
-        cat "$logs/$name.log"
-    done <"$logs/executables"
-    [ -f "$logs/failed" ] && echo "test.sh: failed: $(tr '\n' ' ' <"$logs/failed")"
-    return "$status"
-}
-
 started=$SECONDS
 if ((fast)); then
     tiers=()
     for tier in "${FAST_TIERS[@]}"; do tiers+=(--test "$tier"); done
     run_timed cargo test --workspace --exclude podstream-tests --all-targets --no-fail-fast "$@" || status=$?
     run_timed cargo test -p podstream-tests --lib "${tiers[@]}" --no-fail-fast "$@" || status=$?
-elif [ "$#" -gt 0 ]; then
-    run_timed cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
 else
-    run_lanes || status=$?
+    run_timed cargo test --workspace --all-targets --no-fail-fast "$@" || status=$?
 fi
 # The examples in the documentation (--all-targets leaves doctests out); a run narrowed by
 # arguments is about its own targets.
