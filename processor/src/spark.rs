@@ -1,7 +1,8 @@
 //! The processor's Spark consumer (`podstream process --spark`): Spark driver pods' and
-//! SparkApplications' events from the Spark stream → the records of [`podstream_rules::spark`], kept in
-//! a KV bucket → `duplicate` commands on the commands stream, and each job's choice in its
-//! record, where `PodstreamSparkKubernetesOperator` reads it.
+//! SparkApplications' events from the Spark stream → the records of
+//! [`podstream_rules::spark`], kept in a KV bucket → `duplicate` commands on the commands
+//! stream, and each job's choice in its record, where `PodstreamSparkKubernetesOperator`
+//! reads it.
 //!
 //! One durable consumer pinned to one instance at a time (as the pod consumers are), read
 //! one event at a time: Spark objects are few, and a job's records then change in stream
@@ -25,10 +26,13 @@ use podstream_bus::consume::{
 use podstream_bus::pinned::{self, Pinned};
 use podstream_bus::retry::{self, Classify, Retrying, Verdict};
 use podstream_bus::streams;
-use podstream_bus::{Condition, Health};
+use podstream_bus::{Condition, Health, StageError};
 use podstream_proto::subject::{Stage, Subjects};
 use podstream_proto::v1::spark_event::Object;
 use podstream_proto::v1::{EventType, SparkApplication, SparkDriver, SparkEvent};
+use podstream_rules::spark::{
+    ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name,
+};
 use prost::Message as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -36,10 +40,6 @@ use tracing::{debug, info, warn};
 
 use crate::publish::publish;
 use crate::stats::ProcessStats;
-use podstream_bus::StageError;
-use podstream_rules::spark::{
-    ApplicationRecord, JobKey, JobRecord, application_kv_key, application_name,
-};
 
 /// The KV bucket of Spark records by default.
 pub const DEFAULT_SPARK_BUCKET: &str = "podstream-spark";

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A throwaway dir two levels inside the workspace (`tests/<prefix>…`), so a kustomization
-/// there reaches deploy/ as `../../deploy`, as kustomize wants. Not under `target/`, which
-/// CI may link elsewhere (kustomize resolves links), nor a dot-named dir, which checkov skips.
+/// there reaches deploy/ as `../../deploy`, as kustomize wants. Not under `target/`, which may
+/// be a link (kustomize resolves links), nor a dot-named dir, which checkov skips.
 ///
 /// # Panics
 /// When the dir cannot be made.

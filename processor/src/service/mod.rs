@@ -45,10 +45,10 @@ use std::time::Duration;
 
 use podstream_bus::BusConfig;
 use podstream_bus::{Condition, Health};
+use podstream_rules::Rules;
 use tracing::info;
 
 pub use crate::stats::ProcessStats;
-use podstream_rules::Rules;
 
 /// How the processor runs.
 #[derive(Debug, Clone)]
